@@ -1,0 +1,37 @@
+# Two commands do all the set-up: `make demo` runs the main job, `make test` runs every test.
+# Both create/update .venv from pyproject.toml first (pip; torch comes from the local wheel
+# cache where there is one).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: venv demo test test-unit lint mlflow-ui clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m flows.train_charlm $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -m "not gpu" $(ARGS)
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf artifacts mlartifacts mlruns mlflow.db

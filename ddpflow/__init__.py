@@ -1,0 +1,1 @@
+"""ddpflow: DDP training on Dask, tracked in MLflow."""

@@ -1,0 +1,1 @@
+"""Character-level pet-name language model: vocabulary, corpus loading and formatting."""

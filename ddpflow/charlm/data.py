@@ -1,0 +1,116 @@
+"""Download and format the name corpus into the artifact store, keyed by content hash.
+
+Both steps are idempotent: a rerun on the same bytes finds its outputs and skips the work.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ddpflow import storage
+from ddpflow.charlm.corpus import parse_names, split_holdout
+from ddpflow.charlm.formatting import format_names
+from ddpflow.retry import retry_call
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True)
+class SourceCopy:
+    uri: str
+    sha256: str
+    num_bytes: int
+    reused: bool
+
+
+@dataclass(frozen=True)
+class FormattedCorpus:
+    """URIs of the formatted tensors plus what cleaning and splitting did."""
+
+    train_uri: str
+    val_uri: str
+    train_names_uri: str
+    data_hash: str
+    num_train_names: int
+    num_val_names: int
+    num_train_samples: int
+    num_val_samples: int
+    clean_report: dict[str, Any]
+    reused: bool = False
+
+
+def source_storage_options(source: str) -> dict[str, Any]:
+    """Public buckets (like the seed's) are read anonymously when no AWS key is configured."""
+    if source.startswith("s3://") and not os.environ.get("AWS_ACCESS_KEY_ID"):
+        return {"anon": True}
+    return {}
+
+
+def read_source(source: str) -> bytes:
+    """Bytes of any fsspec URL, retrying transient network errors with backoff."""
+    import fsspec
+
+    def fetch() -> bytes:
+        with fsspec.open(source, "rb", **source_storage_options(source)) as f:
+            return f.read()
+
+    try:
+        return retry_call(fetch, what=f"download {source}")
+    except FileNotFoundError as error:
+        raise FileNotFoundError(
+            f"source {source!r} does not exist ({error}); pass source= a local path, "
+            "https:// URL or s3:// URL of a JSON list of names"
+        ) from error
+
+
+def fetch_corpus(source: str, artifact_root: str) -> SourceCopy:
+    """Validate the source, then copy it under its content hash (skipped when present)."""
+    data = read_source(source)
+    parse_names(data, source)  # bad input fails here, before anything is written
+    digest = storage.sha256_hex(data)
+    uri = storage.join(artifact_root, "data", "raw", f"{digest[:16]}.json")
+    reused = storage.exists(uri)
+    if not reused:
+        storage.write_bytes(uri, data)
+    return SourceCopy(uri=uri, sha256=digest, num_bytes=len(data), reused=reused)
+
+
+def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> FormattedCorpus:
+    """Clean, split by name into train/holdout and format both as uint8 windows."""
+    data = storage.read_bytes(raw_uri)
+    digest = storage.sha256_hex(data)
+    key = f"{digest[:16]}-v{FORMAT_VERSION}-h{holdout_fraction:g}"
+    folder = storage.join(artifact_root, "data", "formatted", key)
+    manifest_uri = storage.join(folder, MANIFEST)
+    if storage.exists(manifest_uri):
+        return FormattedCorpus(**{**json.loads(storage.read_bytes(manifest_uri)), "reused": True})
+    names, report = parse_names(data, raw_uri)
+    train_names, val_names = split_holdout(names, holdout_fraction)
+    train, val = format_names(train_names), format_names(val_names)
+    result = FormattedCorpus(
+        train_uri=storage.join(folder, "train.pt"),
+        val_uri=storage.join(folder, "val.pt"),
+        train_names_uri=storage.join(folder, "train_names.json"),
+        data_hash=digest,
+        num_train_names=len(train_names),
+        num_val_names=len(val_names),
+        num_train_samples=len(train),
+        num_val_samples=len(val),
+        clean_report=report.as_dict(),
+    )
+    storage.save_torch(result.train_uri, {"windows": train})
+    storage.save_torch(result.val_uri, {"windows": val})
+    storage.write_bytes(result.train_names_uri, json.dumps(sorted(set(train_names))).encode())
+    # The manifest goes last: its presence means every file above is complete.
+    storage.write_bytes(manifest_uri, json.dumps(asdict(result)).encode())
+    return result
+
+
+def load_windows(uri: str) -> torch.Tensor:
+    return storage.load_torch(uri)["windows"]

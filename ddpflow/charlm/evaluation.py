@@ -1,0 +1,89 @@
+"""Held-out evaluation, name generation and model registration for the pet-name model."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+
+import mlflow
+import numpy as np
+import torch
+from mlflow.models import infer_signature
+from mlflow.tracking import MlflowClient
+
+from ddpflow import storage
+from ddpflow.charlm.data import load_windows
+from ddpflow.charlm.formatting import split_xy
+from ddpflow.charlm.model import CharLSTM, CharLSTMConfig, LogitsOnly
+from ddpflow.charlm.sampling import generate_names
+from ddpflow.charlm.vocab import CONTEXT_LEN
+from ddpflow.checkpoint import CheckpointStore
+from ddpflow.distributed.context import RankContext
+from ddpflow.tracking import RunRef
+from ddpflow.train_loop import evaluate_loss
+
+SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    val_loss: float
+    names: list[str]
+    novel_fraction: float
+    checkpoint_uri: str
+    epoch: int
+
+
+def load_model(checkpoint_uri: str) -> tuple[CharLSTM, int]:
+    state = CheckpointStore(checkpoint_uri.rsplit("/", 1)[0]).load(checkpoint_uri)
+    model = CharLSTM(CharLSTMConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model_state"])
+    return model.eval(), int(state["epoch"])
+
+
+def evaluate_checkpoint(
+    checkpoint_uri: str, val_uri: str, train_names_uri: str, num_names: int, seed: int
+) -> EvalResult:
+    """Validation loss on the holdout and names sampled with the seed's rule."""
+    torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
+    model, epoch = load_model(checkpoint_uri)
+    val_loss = evaluate_loss(model, load_windows(val_uri), split_xy, SINGLE, batch_size=8192)
+    names = generate_names(model, num_names, seed=seed)
+    known = set(json.loads(storage.read_bytes(train_names_uri)))
+    novel = sum(1 for n in names if n and n not in known) / max(1, len(names))
+    return EvalResult(val_loss, names, novel, checkpoint_uri, epoch)
+
+
+def log_evaluation(run: RunRef, result: EvalResult) -> None:
+    client = MlflowClient(run.tracking_uri)
+    client.log_metric(run.run_id, "final_val_loss", result.val_loss, step=result.epoch)
+    client.log_metric(run.run_id, "novel_name_fraction", result.novel_fraction, step=result.epoch)
+    client.log_text(run.run_id, "\n".join(result.names) + "\n", "evaluation/generated_names.txt")
+
+
+def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
+    """Log the checkpoint's model to the run (torch.export format) and register it.
+
+    pt2 (torch.export) rather than pickle: loading it needs torch, not ddpflow's classes.
+    Explicit pip requirements skip MLflow's slow dependency inference.
+    """
+    model, _ = load_model(checkpoint_uri)
+    serving = LogitsOnly(model).eval()
+    example = np.zeros((2, CONTEXT_LEN), dtype=np.int64)
+    with torch.no_grad():
+        signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
+    mlflow.set_tracking_uri(run.tracking_uri)
+    with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
+        # torch.export notes that nn.LSTM re-assigns its flat weights; harmless for serving.
+        warnings.filterwarnings("ignore", message=".*were assigned during export.*")
+        info = mlflow.pytorch.log_model(
+            serving,
+            name="model",
+            signature=signature,
+            input_example=example,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            serialization_format="pt2",
+            registered_model_name=registered_name,
+        )
+    return str(info.registered_model_version)

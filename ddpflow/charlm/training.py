@@ -1,0 +1,95 @@
+"""The rank entry point for the pet-name model: build objects from a job, then call fit()."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ddpflow.charlm.data import load_windows
+from ddpflow.charlm.formatting import split_xy
+from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+from ddpflow.checkpoint import CheckpointStore, build_state, encode
+from ddpflow.distributed.context import RankContext
+from ddpflow.tracking import MetricLogger, RunRef, logger_for_rank
+from ddpflow.train_loop import EpochStats, FitPlan, fit
+
+LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
+
+
+@dataclass(frozen=True)
+class CharLMTrainJob:
+    """Everything a rank needs, as URIs and numbers (it crosses the network to each worker)."""
+
+    train_uri: str
+    val_uri: str
+    model: CharLSTMConfig
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    checkpoint_root: str
+    keep_last: int
+    run: RunRef
+    log_every_steps: int = 20
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    rank: int
+    history: list[EpochStats]
+    latest_checkpoint: str | None
+
+
+def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
+    torch.manual_seed(job.seed)  # same initial weights on every rank
+    model = CharLSTM(job.model).to(ctx.device)
+    torch.manual_seed(job.seed + 7919 * ctx.rank)  # but independent dropout masks
+    ddp_model = DistributedDataParallel(
+        model, device_ids=[0] if ctx.device.type == "cuda" else None
+    )
+    optimizer = torch.optim.Adam(ddp_model.parameters(), lr=job.lr)
+    logger = logger_for_rank(ctx.is_main, job.run)
+    store = CheckpointStore(job.checkpoint_root, job.keep_last)
+
+    def save_checkpoint(epoch: int) -> None:
+        state = build_state(
+            model,
+            optimizer,
+            epoch,
+            job.model.to_dict(),
+            extra={"lr": job.lr, "batch_size": job.batch_size, "seed": job.seed},
+        )
+        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
+
+    history = fit(
+        ddp_model,
+        optimizer,
+        train_data=load_windows(job.train_uri),
+        val_data=load_windows(job.val_uri),
+        to_batch=split_xy,
+        ctx=ctx,
+        logger=logger,
+        save_checkpoint=save_checkpoint,
+        plan=FitPlan(
+            epochs=job.epochs,
+            batch_size=job.batch_size,
+            seed=job.seed,
+            log_every_steps=job.log_every_steps,
+        ),
+    )
+    latest = store.latest_uri() if ctx.is_main else None
+    return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
+
+
+def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
+    """Copy the checkpoint into the MLflow run and tag where the original lives."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+        with open(path, "wb") as f:
+            f.write(data)
+        logger.log_artifact(path, "checkpoints")
+    logger.set_tags({LATEST_CHECKPOINT_TAG: uri})

@@ -1,0 +1,108 @@
+"""Checkpoints: plain state_dicts plus the model config, with a pointer to the latest good one.
+
+Layout under a run's checkpoint folder:
+    epoch-0001.pt    torch.save of a dict of tensors and plain values (weights_only loadable)
+    latest.json      {"uri": ".../epoch-0001.pt", "epoch": 1}, rewritten only after the
+                     checkpoint it names was written completely
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ddpflow import storage
+
+FORMAT_VERSION = 1
+POINTER_NAME = "latest.json"
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain module inside a DistributedDataParallel wrapper (or the module itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def build_state(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    epoch: int,
+    model_config: dict[str, Any],
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """What a checkpoint holds: enough to rebuild the model and continue training."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "epoch": epoch,
+        "model_config": dict(model_config),
+        "model_state": unwrap(model).state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        "extra": dict(extra or {}),
+    }
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    """Serialise once; the same bytes go to the artifact store and to MLflow."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return buffer.getvalue()
+
+
+@dataclass(frozen=True)
+class CheckpointStore:
+    """Checkpoints of one run in one folder URI; keeps the newest `keep_last` of them."""
+
+    root: str
+    keep_last: int = 3
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
+
+    def uri_for(self, epoch: int) -> str:
+        return storage.join(self.root, f"epoch-{epoch:04d}.pt")
+
+    def save(self, state: dict[str, Any]) -> str:
+        return self.save_encoded(int(state["epoch"]), encode(state))
+
+    def save_encoded(self, epoch: int, data: bytes) -> str:
+        """Write the checkpoint, then move the pointer to it, then prune old ones."""
+        uri = self.uri_for(epoch)
+        storage.write_bytes(uri, data)
+        pointer = {"uri": uri, "epoch": epoch}
+        storage.write_bytes(storage.join(self.root, POINTER_NAME), json.dumps(pointer).encode())
+        self._prune()
+        return uri
+
+    def latest_uri(self) -> str | None:
+        pointer_uri = storage.join(self.root, POINTER_NAME)
+        if not storage.exists(pointer_uri):
+            return None
+        return json.loads(storage.read_bytes(pointer_uri))["uri"]
+
+    def load(self, uri: str | None = None) -> dict[str, Any]:
+        """Load a checkpoint (the latest complete one by default) with weights_only=True."""
+        uri = uri or self.latest_uri()
+        if uri is None:
+            raise FileNotFoundError(f"no checkpoint under {self.root} (no {POINTER_NAME})")
+        return storage.load_torch(uri)
+
+    def list_uris(self) -> list[str]:
+        names = storage.list_names(self.root)
+        return [storage.join(self.root, n) for n in names if _is_checkpoint_name(n)]
+
+    def _prune(self) -> None:
+        # Names sort by epoch; the pointer's target is never deleted, whatever its age.
+        uris = self.list_uris()
+        keep = set(uris[-self.keep_last :]) | {self.latest_uri()}
+        for uri in uris:
+            if uri not in keep:
+                storage.delete(uri)
+
+
+def _is_checkpoint_name(name: str) -> bool:
+    return name.startswith("epoch-") and name.endswith(".pt")

@@ -1,0 +1,76 @@
+"""The process group a rank lives in, set up and torn down explicitly.
+
+Dask workers are long-lived processes that run many tasks, so nothing here touches
+os.environ: the init method, rank, world size and timeout are passed to
+init_process_group directly, and the group is destroyed in `finally` even on error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """Everything a rank needs to join its group; small and picklable."""
+
+    rank: int
+    world_size: int
+    master_host: str
+    master_port: int
+    backend: str
+    timeout_s: float
+    launch_id: str
+
+
+@dataclass(frozen=True)
+class RankContext:
+    rank: int
+    world_size: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 owns IO: MLflow logging and checkpoint writes."""
+        return self.rank == 0
+
+
+@contextmanager
+def process_group(spec: RankSpec) -> Iterator[RankContext]:
+    """Join the group described by `spec`; a single rank is just a group of one."""
+    if dist.is_initialized():
+        # A previous task on this worker died without cleaning up; its group is useless.
+        dist.destroy_process_group()
+    dist.init_process_group(
+        backend=spec.backend,
+        init_method=f"tcp://{spec.master_host}:{spec.master_port}",
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.timeout_s),
+    )
+    try:
+        # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
+        device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
+        yield RankContext(spec.rank, spec.world_size, device, spec.backend)
+    finally:
+        dist.destroy_process_group()
+
+
+def find_free_port() -> int:
+    """A TCP port free right now on this host (run on rank 0's worker, never hard-coded)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()

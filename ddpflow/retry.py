@@ -1,0 +1,53 @@
+"""Bounded retries with exponential backoff for transient IO (network blips, throttling)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+# A missing file or a permission problem will not fix itself: retrying only delays the
+# clear error the user needs. Everything else that is an OSError (connection reset,
+# timeouts, DNS) is worth another try.
+PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+)
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError)
+
+
+def is_transient(error: BaseException) -> bool:
+    if isinstance(error, PERMANENT_ERRORS):
+        return False
+    return isinstance(error, TRANSIENT_ERRORS)
+
+
+def retry_call(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    attempts: int = 4,
+    base_delay_s: float = 0.5,
+    max_delay_s: float = 8.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call fn, retrying transient errors up to `attempts` times with doubling delays."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001 - classified just below
+            if not is_transient(error) or attempt == attempts:
+                raise
+            delay = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
+            log.warning("%s failed (%s); retry %d/%d in %.1fs", what, error, attempt,
+                        attempts - 1, delay)
+            sleep(delay)
+    raise AssertionError("unreachable")

@@ -1,0 +1,95 @@
+"""The artifact store: the only module that knows about fsspec (local folders, s3:// via s3fs).
+
+Everything is addressed by URI strings so the same code works for a local folder and S3.
+S3 settings come from the standard AWS variables (AWS_ENDPOINT_URL_S3 included), which s3fs
+and botocore read themselves: nothing project-specific, and no secret passes through here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import uuid
+from typing import Any
+
+import fsspec
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+
+def join(base: str, *parts: str) -> str:
+    """Join URI parts with '/', whatever the scheme."""
+    cleaned = [p.strip("/") for p in parts if p and p.strip("/")]
+    return "/".join([base.rstrip("/"), *cleaned])
+
+
+def url_to_fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem and in-filesystem path for a URI (plain paths are local)."""
+    return fsspec.core.url_to_fs(uri)
+
+
+def exists(uri: str) -> bool:
+    fs, path = url_to_fs(uri)
+    return bool(fs.exists(path))
+
+
+def read_bytes(uri: str) -> bytes:
+    fs, path = url_to_fs(uri)
+    return fs.cat_file(path)
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    """Write a whole object so that readers never see a partial one.
+
+    Local files go to a temporary name first and are renamed into place (rename is atomic
+    on POSIX). Object stores publish an object only when its single PUT (or multipart
+    upload) completes, so a direct write already has that property.
+    """
+    fs, path = url_to_fs(uri)
+    if isinstance(fs, LocalFileSystem):
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        return
+    fs.pipe_file(path, data)
+
+
+def delete(uri: str) -> None:
+    fs, path = url_to_fs(uri)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def list_names(uri: str) -> list[str]:
+    """Base names of the entries directly under a folder URI ([] when it does not exist)."""
+    fs, path = url_to_fs(uri)
+    if not fs.exists(path):
+        return []
+    return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
+
+
+def save_torch(uri: str, obj: Any) -> int:
+    """torch.save to a URI atomically; returns the number of bytes written."""
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    data = buffer.getvalue()
+    write_bytes(uri, data)
+    return len(data)
+
+
+def load_torch(uri: str) -> Any:
+    """torch.load with weights_only=True: plain tensors and containers, never pickled code."""
+    return torch.load(io.BytesIO(read_bytes(uri)), map_location="cpu", weights_only=True)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

@@ -1,0 +1,1 @@
+"""Prefect flows: one module per workload or job."""

@@ -1,0 +1,50 @@
+"""Validated flow parameters: every user error names the field, the value and the fix."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+
+class ParameterError(ValueError):
+    """Raised before any work starts when a flow parameter is unusable."""
+
+
+class CharLMParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(min_length=1)
+    epochs: int = Field(ge=1, le=10_000)
+    batch_size: int = Field(ge=1, description="samples per rank per step")
+    lr: float = Field(gt=0, le=10)
+    hidden_size: int = Field(ge=1, le=8192)
+    num_layers: int = Field(ge=1, le=64)
+    dropout: float = Field(ge=0, lt=1)
+    world_size: int | None = Field(default=None, ge=1, description="None: every worker")
+    seed: int = Field(ge=0)
+    holdout_fraction: float = Field(gt=0, lt=1)
+    keep_last: int = Field(ge=1)
+    num_names: int = Field(ge=0, le=10_000)
+    rank_timeout_s: float = Field(gt=0)
+    model_name: str = Field(min_length=1)
+    experiment: str = Field(min_length=1)
+
+    @field_validator("source")
+    @classmethod
+    def _strip(cls, value: str) -> str:
+        return value.strip()
+
+
+def validate_params(model: type[BaseModel], values: dict) -> BaseModel:
+    try:
+        return model(**values)
+    except ValidationError as error:
+        problems = "; ".join(_describe(e) for e in error.errors())
+        raise ParameterError(f"invalid flow parameters: {problems}") from None
+
+
+def _describe(error: dict) -> str:
+    field = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "missing":
+        # The "input" of a missing field is the whole parameter dict (source URL included).
+        return f"{field}: {error['msg']}"
+    return f"{field}={error.get('input')!r}: {error['msg']}"

@@ -1,0 +1,12 @@
+"""What the flows print at the end: where to look next."""
+
+from __future__ import annotations
+
+
+def mlflow_ui_hint(tracking_uri: str, run_id: str) -> str:
+    if tracking_uri.startswith(("http://", "https://")):
+        return f"open {tracking_uri.rstrip('/')}/#/runs/{run_id}"
+    return (
+        f".venv/bin/mlflow ui --backend-store-uri {tracking_uri} --host 127.0.0.1 "
+        f"--port 5000   then open http://127.0.0.1:5000/#/runs/{run_id}"
+    )

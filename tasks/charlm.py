@@ -1,0 +1,79 @@
+"""Prefect tasks for the pet-name workload: each calls ddpflow and returns URIs and numbers."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.charlm.data import FormattedCorpus, SourceCopy, fetch_corpus, format_corpus
+from ddpflow.charlm.evaluation import (
+    EvalResult,
+    evaluate_checkpoint,
+    log_evaluation,
+    register_model,
+)
+from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
+from ddpflow.distributed import launch
+from ddpflow.tracking import RunRef
+from flows.runner import current_dask_client
+
+
+@task(name="download-corpus")
+def download_corpus(source: str, artifact_root: str) -> SourceCopy:
+    """Copy the name list into the artifact store under its content hash."""
+    return fetch_corpus(source, artifact_root)
+
+
+@task(name="format-corpus")
+def format_training_data(
+    raw_uri: str, artifact_root: str, holdout_fraction: float
+) -> FormattedCorpus:
+    """Clean, split and format the names into compact index tensors."""
+    return format_corpus(raw_uri, artifact_root, holdout_fraction)
+
+
+@task(name="train-ddp")
+def train_ddp(job: CharLMTrainJob, world_size: int | None, rank_timeout_s: float) -> TrainResult:
+    """Run one DDP group; call it directly from the flow (not .submit) so it runs there."""
+    results = launch(
+        current_dask_client(), train_rank, job, world_size=world_size, timeout_s=rank_timeout_s
+    )
+    return results[0]
+
+
+@task(name="evaluate")
+def evaluate(
+    run: RunRef, checkpoint_uri: str, corpus: FormattedCorpus, num_names: int, seed: int
+) -> EvalResult:
+    """Holdout loss and generated names, logged to MLflow and as a Prefect artifact."""
+    result = evaluate_checkpoint(
+        checkpoint_uri, corpus.val_uri, corpus.train_names_uri, num_names, seed
+    )
+    log_evaluation(run, result)
+    create_markdown_artifact(
+        markdown=evaluation_markdown(run, result, corpus),
+        key="charlm-evaluation",
+        description="pet-name model evaluation",
+    )
+    return result
+
+
+@task(name="register-model")
+def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
+    """Log the final model to the MLflow run and register a new version."""
+    return register_model(run, checkpoint_uri, model_name)
+
+
+def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
+    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
+    return (
+        f"# Pet-name model evaluation\n\n"
+        f"| | |\n|---|---|\n"
+        f"| MLflow run | `{run.run_id}` |\n"
+        f"| epoch | {result.epoch} |\n"
+        f"| holdout loss | {result.val_loss:.4f} |\n"
+        f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
+        f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
+        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
+        f"## Generated names\n\n{names}\n"
+    )

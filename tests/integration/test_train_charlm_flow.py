@@ -1,0 +1,129 @@
+"""The pet-name flow end to end: Prefect + LocalCluster (2 worker processes) + gloo + MLflow."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from ddpflow import storage
+from ddpflow.checkpoint import CheckpointStore
+from tests.integration.conftest import run_flow
+
+pytestmark = pytest.mark.integration
+
+EPOCHS = 3
+TINY = ["--epochs", str(EPOCHS), "--hidden-size", "32", "--num-layers", "1",
+        "--batch-size", "1024", "--lr", "0.01", "--keep-last", "2", "--num-names", "10"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    project = tmp_path_factory.mktemp("charlm")
+    result = run_flow("train_charlm", TINY, project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ddpflow-charlm")
+    runs = client.search_runs([experiment.experiment_id])
+    return {"project": project, "stdout": result.stdout + result.stderr, "client": client,
+            "experiment": experiment, "runs": runs}
+
+
+def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
+    runs = trained["runs"]
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    for key in ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "seed",
+                "world_size", "data_sha256"):
+        assert key in run.data.params, key
+    assert run.data.params["world_size"] == "2"
+    assert run.data.tags["prefect.flow_run_id"]
+    assert trained["experiment"].tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_each_epoch_metric_logged_once_and_loss_falls(trained):
+    run_id = trained["runs"][0].info.run_id
+    client = trained["client"]
+    for key in ("val_loss", "epoch_train_loss", "epoch_time_s", "epoch_samples_per_s"):
+        steps = [m.step for m in client.get_metric_history(run_id, key)]
+        assert sorted(steps) == list(range(1, EPOCHS + 1)), (key, steps)
+    val = [m.value for m in sorted(client.get_metric_history(run_id, "val_loss"),
+                                   key=lambda m: m.step)]
+    assert val[-1] < val[0], val
+    train_steps = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
+    assert len(train_steps) >= 3, "per-step loss is logged while training"
+    assert train_steps[-1].value < train_steps[0].value
+
+
+def test_checkpoints_load_with_weights_only_and_hold_the_last_epoch(trained):
+    run_id = trained["runs"][0].info.run_id
+    root = storage.join(str(trained["project"] / "artifacts"), "runs", run_id, "checkpoints")
+    store = CheckpointStore(root)
+    assert store.latest_uri().endswith(f"epoch-{EPOCHS:04d}.pt")
+    assert len(store.list_uris()) == 2, "keep_last=2 prunes older checkpoints"
+    state = torch.load(store.latest_uri(), weights_only=True)
+    assert state["epoch"] == EPOCHS
+    assert state["model_config"]["hidden_size"] == 32
+    assert "optimizer_state" in state
+    artifacts = [a.path for a in trained["client"].list_artifacts(run_id, "checkpoints")]
+    assert f"checkpoints/epoch-{EPOCHS:04d}.pt" in artifacts, artifacts
+
+
+def test_model_registered_and_serves_logits(trained):
+    client = trained["client"]
+    versions = client.search_model_versions("name='ddpflow-charlm'")
+    assert [v.run_id for v in versions] == [trained["runs"][0].info.run_id]
+    mlflow.set_tracking_uri(client.tracking_uri)
+    model = mlflow.pytorch.load_model("models:/ddpflow-charlm/1")
+    logits = model(torch.zeros((3, 8), dtype=torch.long))
+    assert tuple(logits.shape) == (3, 8, 31)
+
+
+def test_summary_prints_run_names_checkpoints_and_ui_command(trained):
+    out = trained["stdout"]
+    run_id = trained["runs"][0].info.run_id
+    assert f"MLflow run id      {run_id}" in out
+    names_line = next(line for line in out.splitlines() if "generated names" in line)
+    names = names_line.split("generated names", 1)[1].strip().split(", ")
+    assert len(names) == 10 and any(n != "(empty)" for n in names)
+    assert "mlflow ui --backend-store-uri sqlite:///" in out
+    text = trained["client"].download_artifacts(run_id, "evaluation/generated_names.txt")
+    assert len(Path(text).read_text().split("\n")) >= 10
+
+
+def test_rerun_reuses_downloaded_and_formatted_data(trained):
+    data = trained["project"] / "artifacts" / "data"
+    raw = list((data / "raw").iterdir())
+    formatted = list((data / "formatted").iterdir())
+    assert len(raw) == 1 and len(formatted) == 1
+    manifest = json.loads((formatted[0] / "manifest.json").read_text())
+    assert manifest["num_train_samples"] > 100_000
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [(None, "does not exist"), ("{not json", "not valid JSON"), ('{"a": 1}', "list")],
+)
+def test_bad_source_fails_fast_naming_the_source(tmp_path, content, expected):
+    source = tmp_path / "names.json"
+    if content is not None:
+        source.write_text(content)
+    started = time.monotonic()
+    result = run_flow("train_charlm", ["--source", str(source), *TINY], tmp_path / "project")
+    assert result.returncode == 1
+    assert str(source) in result.stderr and expected in result.stderr, result.stderr[-2000:]
+    assert time.monotonic() - started < 90
+    assert not (tmp_path / "project" / "artifacts" / "data").exists(), "nothing is written"
+
+
+def test_world_size_larger_than_cluster_fails_before_any_work(tmp_path):
+    result = run_flow("train_charlm", [*TINY, "--world-size", "3"], tmp_path)
+    assert result.returncode == 1
+    assert "world_size=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
+    assert not (tmp_path / "artifacts").exists()
