@@ -20,12 +20,32 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     NotADirectoryError,
 )
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError)
+# HTTP statuses worth retrying: throttling and server-side failures.
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+# Client-library errors that are not OSErrors (aiohttp under fsspec's http and s3fs,
+# botocore under boto3), matched by name so this module imports none of those libraries.
+TRANSIENT_ERROR_NAMES = frozenset(
+    {
+        "ClientConnectionError",
+        "ServerDisconnectedError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "EndpointConnectionError",
+        "ConnectTimeoutError",
+        "ReadTimeoutError",
+    }
+)
 
 
 def is_transient(error: BaseException) -> bool:
     if isinstance(error, PERMANENT_ERRORS):
         return False
-    return isinstance(error, TRANSIENT_ERRORS)
+    if isinstance(error, TRANSIENT_ERRORS):
+        return True
+    status = getattr(error, "status", None) or getattr(error, "status_code", None)
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUS
+    return any(cls.__name__ in TRANSIENT_ERROR_NAMES for cls in type(error).__mro__)
 
 
 def retry_call(
@@ -47,7 +67,8 @@ def retry_call(
             if not is_transient(error) or attempt == attempts:
                 raise
             delay = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
-            log.warning("%s failed (%s); retry %d/%d in %.1fs", what, error, attempt,
-                        attempts - 1, delay)
+            log.warning(
+                "%s failed (%s); retry %d/%d in %.1fs", what, error, attempt, attempts - 1, delay
+            )
             sleep(delay)
     raise AssertionError("unreachable")

@@ -60,15 +60,26 @@ def fit(
     for epoch in range(plan.start_epoch, plan.epochs):
         started = time.perf_counter()
         train_loss, num_samples = _train_epoch(
-            model, optimizer, train_data, to_batch, ctx, logger, plan, epoch,
+            model,
+            optimizer,
+            train_data,
+            to_batch,
+            ctx,
+            logger,
+            plan,
+            epoch,
             first_step=epoch * steps_per_epoch,
         )
         elapsed = time.perf_counter() - started
         val_loss = evaluate_loss(unwrap(model), val_data, to_batch, ctx, plan.eval_batch_size)
         stats = EpochStats(epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed)
         logger.log_metrics(
-            {"epoch_train_loss": stats.train_loss, "val_loss": stats.val_loss,
-             "epoch_samples_per_s": stats.samples_per_s, "epoch_time_s": stats.epoch_time_s},
+            {
+                "epoch_train_loss": stats.train_loss,
+                "val_loss": stats.val_loss,
+                "epoch_samples_per_s": stats.samples_per_s,
+                "epoch_time_s": stats.epoch_time_s,
+            },
             step=stats.epoch,
         )
         if ctx.is_main:
@@ -101,9 +112,11 @@ def _train_epoch(model, optimizer, data, to_batch, ctx, logger, plan, epoch, fir
         if (i + 1) % plan.log_every_steps == 0:
             window_s = time.perf_counter() - window_start
             logger.log_metrics(
-                {"train_loss": window_loss / plan.log_every_steps,
-                 # Ranks step in lockstep, so rank 0's rate times the world size is global.
-                 "samples_per_s": window_samples * ctx.world_size / window_s},
+                {
+                    "train_loss": window_loss / plan.log_every_steps,
+                    # Ranks step in lockstep, so rank 0's rate times the world size is global.
+                    "samples_per_s": window_samples * ctx.world_size / window_s,
+                },
                 step=first_step + i + 1,
             )
             window_loss, window_samples, window_start = 0.0, 0, time.perf_counter()

@@ -28,10 +28,11 @@ class CharLMParams(BaseModel):
     model_name: str = Field(min_length=1)
     experiment: str = Field(min_length=1)
 
-    @field_validator("source")
+    # Before the length check, so a blank source is rejected rather than stripped to "".
+    @field_validator("source", mode="before")
     @classmethod
-    def _strip(cls, value: str) -> str:
-        return value.strip()
+    def _strip(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
 
 
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:

@@ -105,11 +105,10 @@ def train_charlm(
         tags={"prefect.flow_run_id": str(flow_run.get_id()), "ddpflow.workload": "charlm"},
         artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
     )
-    checkpoint_dir = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
+    # Everything a run writes lives under its own folder: concurrent runs never collide.
+    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
     try:
-        summary = _train_evaluate_register(
-            params, model_config, corpus, run, checkpoint_dir, len(ranks)
-        )
+        summary = _train_evaluate_register(params, model_config, corpus, run, run_dir, len(ranks))
     except BaseException:
         end_run(run, failed=True)
         raise
@@ -119,8 +118,9 @@ def train_charlm(
 
 
 def _train_evaluate_register(
-    params, model_config, corpus, run: RunRef, checkpoint_dir: str, world_size: int
+    params, model_config, corpus, run: RunRef, run_dir: str, world_size: int
 ) -> CharLMSummary:
+    checkpoint_dir = storage.join(run_dir, "checkpoints")
     job = CharLMTrainJob(
         train_uri=corpus.train_uri,
         val_uri=corpus.val_uri,
@@ -135,7 +135,9 @@ def _train_evaluate_register(
     )
     trained = train_ddp(job, world_size, params.rank_timeout_s)
     checkpoint = trained.latest_checkpoint
-    evaluation = evaluate.submit(run, checkpoint, corpus, params.num_names, params.seed).result()
+    evaluation = evaluate.submit(
+        run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
+    ).result()
     version = register.submit(run, checkpoint, params.model_name).result()
     return CharLMSummary(
         run_id=run.run_id,

@@ -9,8 +9,10 @@ from ddpflow.charlm.data import FormattedCorpus, SourceCopy, fetch_corpus, forma
 from ddpflow.charlm.evaluation import (
     EvalResult,
     evaluate_checkpoint,
+    evaluation_markdown,
     log_evaluation,
     register_model,
+    save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
 from ddpflow.distributed import launch
@@ -43,15 +45,22 @@ def train_ddp(job: CharLMTrainJob, world_size: int | None, rank_timeout_s: float
 
 @task(name="evaluate")
 def evaluate(
-    run: RunRef, checkpoint_uri: str, corpus: FormattedCorpus, num_names: int, seed: int
+    run: RunRef,
+    checkpoint_uri: str,
+    corpus: FormattedCorpus,
+    num_names: int,
+    seed: int,
+    report_dir: str,
 ) -> EvalResult:
-    """Holdout loss and generated names, logged to MLflow and as a Prefect artifact."""
+    """Holdout loss and generated names: to MLflow, the artifact store and a Prefect artifact."""
     result = evaluate_checkpoint(
         checkpoint_uri, corpus.val_uri, corpus.train_names_uri, num_names, seed
     )
+    markdown = evaluation_markdown(run, result, corpus)
     log_evaluation(run, result)
+    save_report(report_dir, result, markdown)
     create_markdown_artifact(
-        markdown=evaluation_markdown(run, result, corpus),
+        markdown=markdown,
         key="charlm-evaluation",
         description="pet-name model evaluation",
     )
@@ -62,18 +71,3 @@ def evaluate(
 def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
     """Log the final model to the MLflow run and register a new version."""
     return register_model(run, checkpoint_uri, model_name)
-
-
-def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
-    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
-    return (
-        f"# Pet-name model evaluation\n\n"
-        f"| | |\n|---|---|\n"
-        f"| MLflow run | `{run.run_id}` |\n"
-        f"| epoch | {result.epoch} |\n"
-        f"| holdout loss | {result.val_loss:.4f} |\n"
-        f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
-        f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
-        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
-        f"## Generated names\n\n{names}\n"
-    )

@@ -57,8 +57,10 @@ def read_source(source: str) -> bytes:
     import fsspec
 
     def fetch() -> bytes:
-        with fsspec.open(source, "rb", **source_storage_options(source)) as f:
-            return f.read()
+        # cat_file, not open(): fsspec's HTTP open() reports any failed size probe (a 503
+        # too) as FileNotFoundError, which would hide a transient error from the retry.
+        fs, path = fsspec.core.url_to_fs(source, **source_storage_options(source))
+        return fs.cat_file(path)
 
     try:
         return retry_call(fetch, what=f"download {source}")

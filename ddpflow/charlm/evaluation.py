@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import mlflow
 import numpy as np
@@ -13,7 +13,7 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
-from ddpflow.charlm.data import load_windows
+from ddpflow.charlm.data import FormattedCorpus, load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig, LogitsOnly
 from ddpflow.charlm.sampling import generate_names
@@ -60,6 +60,30 @@ def log_evaluation(run: RunRef, result: EvalResult) -> None:
     client.log_metric(run.run_id, "final_val_loss", result.val_loss, step=result.epoch)
     client.log_metric(run.run_id, "novel_name_fraction", result.novel_fraction, step=result.epoch)
     client.log_text(run.run_id, "\n".join(result.names) + "\n", "evaluation/generated_names.txt")
+
+
+def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
+    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
+    return (
+        f"# Pet-name model evaluation\n\n"
+        f"| | |\n|---|---|\n"
+        f"| MLflow run | `{run.run_id}` |\n"
+        f"| epoch | {result.epoch} |\n"
+        f"| holdout loss | {result.val_loss:.4f} |\n"
+        f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
+        f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
+        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
+        f"## Generated names\n\n{names}\n"
+    )
+
+
+def save_report(report_dir: str, result: EvalResult, markdown: str) -> list[str]:
+    """The evaluation as markdown (for people) and JSON (for tools) in the artifact store."""
+    md_uri = storage.join(report_dir, "evaluation.md")
+    json_uri = storage.join(report_dir, "evaluation.json")
+    storage.write_bytes(md_uri, markdown.encode())
+    storage.write_bytes(json_uri, json.dumps(asdict(result), indent=2).encode())
+    return [md_uri, json_uri]
 
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:

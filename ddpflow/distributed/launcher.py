@@ -52,24 +52,43 @@ def launch(
     *args: Any,
     world_size: int | None = None,
     timeout_s: float = 120.0,
+    workers: Sequence[str] | None = None,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
     `timeout_s` bounds rank start-up and every collective (gloo/nccl) inside the group.
+    `workers` restricts the candidates (e.g. a sweep giving each trial its own workers).
     """
-    plan = plan_ranks(client.scheduler_info()["workers"], world_size)
+    available = client.scheduler_info()["workers"]
+    if workers is not None:
+        missing = sorted(set(workers) - set(available))
+        if missing:
+            raise LaunchError(f"workers {missing} are not in the cluster", [])
+        available = {addr: info for addr, info in available.items() if addr in workers}
+    plan = plan_ranks(available, world_size)
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(client.run(cuda_available, workers=addresses))
     rank0 = plan[0]
     port = client.run(find_free_port, workers=[rank0.worker_address])[rank0.worker_address]
     launch_id = uuid.uuid4().hex[:12]
-    log.info("launching %d ranks (%s) on %s, rendezvous %s:%s", len(plan), backend,
-             addresses, rank0.host, port)
+    log.info(
+        "launching %d ranks (%s) on %s, rendezvous %s:%s",
+        len(plan),
+        backend,
+        addresses,
+        rank0.host,
+        port,
+    )
     futures = [
         client.submit(
-            _rank_main, fn, _spec(a, len(plan), rank0.host, port, backend, timeout_s, launch_id),
-            a.num_threads, args,
-            workers=[a.worker_address], allow_other_workers=False, pure=False,
+            _rank_main,
+            fn,
+            _spec(a, len(plan), rank0.host, port, backend, timeout_s, launch_id),
+            a.num_threads,
+            args,
+            workers=[a.worker_address],
+            allow_other_workers=False,
+            pure=False,
             key=f"ddp-rank{a.rank}-{launch_id}",
         )
         for a in plan
@@ -83,8 +102,15 @@ def launch(
         client.cancel([f for f in futures if not f.done()], force=True)
 
 
-def _spec(a: RankAssignment, world: int, host: str, port: int, backend: str, timeout_s: float,
-          launch_id: str) -> RankSpec:
+def _spec(
+    a: RankAssignment,
+    world: int,
+    host: str,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    launch_id: str,
+) -> RankSpec:
     return RankSpec(a.rank, world, host, port, backend, timeout_s, launch_id)
 
 
@@ -102,8 +128,13 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
         return fn(ctx, *args)
 
 
-def _wait_for_start(client: distributed.Client, plan: list[RankAssignment],
-                    futures: list[distributed.Future], launch_id: str, timeout_s: float) -> None:
+def _wait_for_start(
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    launch_id: str,
+    timeout_s: float,
+) -> None:
     events = [distributed.Event(_started_event(launch_id, a.rank), client=client) for a in plan]
     pending = set(range(len(plan)))
     deadline = time.monotonic() + timeout_s
@@ -114,16 +145,20 @@ def _wait_for_start(client: distributed.Client, plan: list[RankAssignment],
             time.sleep(POLL_S)
     if pending:
         failures = [
-            RankFailure(r, plan[r].worker_address,
-                        f"did not start within {timeout_s:g}s (task state: {futures[r].status}; "
-                        "the worker is busy, gone or overloaded)")
+            RankFailure(
+                r,
+                plan[r].worker_address,
+                f"did not start within {timeout_s:g}s (task state: {futures[r].status}; "
+                "the worker is busy, gone or overloaded)",
+            )
             for r in sorted(pending)
         ]
         raise LaunchError(_describe("could not start", failures), failures)
 
 
-def _wait_all_or_first_failure(plan: list[RankAssignment],
-                               futures: list[distributed.Future]) -> None:
+def _wait_all_or_first_failure(
+    plan: list[RankAssignment], futures: list[distributed.Future]
+) -> None:
     # Polls the futures' local state: distributed.wait/as_completed would need a default
     # client, and Prefect's client deliberately is not one.
     while not all(f.done() for f in futures):
@@ -132,8 +167,9 @@ def _wait_all_or_first_failure(plan: list[RankAssignment],
     _raise_on_failures(plan, futures, "failed")
 
 
-def _raise_on_failures(plan: list[RankAssignment], futures: list[distributed.Future],
-                       verb: str) -> None:
+def _raise_on_failures(
+    plan: list[RankAssignment], futures: list[distributed.Future], verb: str
+) -> None:
     failures = [
         RankFailure(a.rank, a.worker_address, _cause(f))
         for a, f in zip(plan, futures, strict=True)

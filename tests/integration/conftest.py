@@ -27,23 +27,30 @@ def dask_client() -> Iterator[distributed.Client]:
 def project_env(project: Path) -> dict[str, str]:
     """An isolated project: its own artifact folder, MLflow SQLite file and Prefect home."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.update({
-        "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
-        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-        "PREFECT_HOME": str(project / ".prefect"),
-        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-        "PYTHONPATH": str(REPO),
-    })
+    env.update(
+        {
+            "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+            "PREFECT_HOME": str(project / ".prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PYTHONPATH": str(REPO),
+        }
+    )
     env.pop("DDPFLOW_DASK_ADDRESS", None)
     return env
 
 
-def run_flow(module: str, args: list[str], project: Path,
-             timeout_s: float = 600) -> subprocess.CompletedProcess[str]:
+def run_flow(
+    module: str, args: list[str], project: Path, timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
     """Run `python -m flows.<module> ...` the way a user does, in the project folder."""
     project.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", f"flows.{module}", *args],
-        cwd=project, env=project_env(project), capture_output=True, text=True,
-        timeout=timeout_s, check=False,
+        cwd=project,
+        env=project_env(project),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )

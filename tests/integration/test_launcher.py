@@ -58,8 +58,7 @@ def test_a_failing_rank_is_named_with_its_worker_and_cause(dask_client):
 def test_a_rank_that_cannot_start_fails_within_the_timeout(dask_client):
     """Worker 2's only thread is busy, so rank 1 (pinned there) can never start."""
     workers = sorted(dask_client.scheduler_info()["workers"])
-    blocker = dask_client.submit(_block_until, "release-blocker", workers=[workers[1]],
-                                 pure=False)
+    blocker = dask_client.submit(_block_until, "release-blocker", workers=[workers[1]], pure=False)
     time.sleep(1.0)
     started = time.monotonic()
     try:
@@ -83,9 +82,16 @@ def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
     corpus = format_corpus(fetch_corpus(str(DEFAULT_CORPUS_PATH), root).uri, root, 0.1)
     run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "launcher-test", "one-rank", {}, {})
     job = CharLMTrainJob(
-        train_uri=corpus.train_uri, val_uri=corpus.val_uri,
-        model=CharLSTMConfig(hidden_size=32, num_layers=1), epochs=2, batch_size=2048,
-        lr=0.01, seed=0, checkpoint_root=f"{root}/ckpt", keep_last=2, run=run,
+        train_uri=corpus.train_uri,
+        val_uri=corpus.val_uri,
+        model=CharLSTMConfig(hidden_size=32, num_layers=1),
+        epochs=2,
+        batch_size=2048,
+        lr=0.01,
+        seed=0,
+        checkpoint_root=f"{root}/ckpt",
+        keep_last=2,
+        run=run,
     )
     (result,) = launch(dask_client, train_rank, job, world_size=1, timeout_s=60)
     assert [s.epoch for s in result.history] == [1, 2]

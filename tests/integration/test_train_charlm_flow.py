@@ -18,8 +18,22 @@ from tests.integration.conftest import run_flow
 pytestmark = pytest.mark.integration
 
 EPOCHS = 3
-TINY = ["--epochs", str(EPOCHS), "--hidden-size", "32", "--num-layers", "1",
-        "--batch-size", "1024", "--lr", "0.01", "--keep-last", "2", "--num-names", "10"]
+TINY = [
+    "--epochs",
+    str(EPOCHS),
+    "--hidden-size",
+    "32",
+    "--num-layers",
+    "1",
+    "--batch-size",
+    "1024",
+    "--lr",
+    "0.01",
+    "--keep-last",
+    "2",
+    "--num-names",
+    "10",
+]
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +44,13 @@ def trained(tmp_path_factory) -> dict:
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("ddpflow-charlm")
     runs = client.search_runs([experiment.experiment_id])
-    return {"project": project, "stdout": result.stdout + result.stderr, "client": client,
-            "experiment": experiment, "runs": runs}
+    return {
+        "project": project,
+        "stdout": result.stdout + result.stderr,
+        "client": client,
+        "experiment": experiment,
+        "runs": runs,
+    }
 
 
 def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
@@ -39,8 +58,16 @@ def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
     assert len(runs) == 1
     run = runs[0]
     assert run.info.status == "FINISHED"
-    for key in ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "seed",
-                "world_size", "data_sha256"):
+    for key in (
+        "epochs",
+        "batch_size",
+        "lr",
+        "hidden_size",
+        "num_layers",
+        "seed",
+        "world_size",
+        "data_sha256",
+    ):
         assert key in run.data.params, key
     assert run.data.params["world_size"] == "2"
     assert run.data.tags["prefect.flow_run_id"]
@@ -53,8 +80,9 @@ def test_each_epoch_metric_logged_once_and_loss_falls(trained):
     for key in ("val_loss", "epoch_train_loss", "epoch_time_s", "epoch_samples_per_s"):
         steps = [m.step for m in client.get_metric_history(run_id, key)]
         assert sorted(steps) == list(range(1, EPOCHS + 1)), (key, steps)
-    val = [m.value for m in sorted(client.get_metric_history(run_id, "val_loss"),
-                                   key=lambda m: m.step)]
+    val = [
+        m.value for m in sorted(client.get_metric_history(run_id, "val_loss"), key=lambda m: m.step)
+    ]
     assert val[-1] < val[0], val
     train_steps = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.step)
     assert len(train_steps) >= 3, "per-step loss is logged while training"
@@ -127,3 +155,22 @@ def test_world_size_larger_than_cluster_fails_before_any_work(tmp_path):
     assert result.returncode == 1
     assert "world_size=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
     assert not (tmp_path / "artifacts").exists()
+
+
+def test_evaluation_is_a_prefect_markdown_artifact(trained):
+    import subprocess
+    import sys
+
+    from tests.integration.conftest import project_env
+
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-evaluation"],
+        env=project_env(trained["project"]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "Pet-name model evaluation" in result.stdout
+    assert trained["runs"][0].info.run_id in result.stdout

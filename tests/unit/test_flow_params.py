@@ -1,0 +1,106 @@
+"""Flow parameters are validated up front and every error names the field and the value."""
+
+from typing import Any
+
+import pytest
+
+from flows.params import CharLMParams, ParameterError, validate_params
+
+VALID: dict[str, Any] = {
+    "source": "  /data/pets.json ",
+    "epochs": 3,
+    "batch_size": 64,
+    "lr": 0.003,
+    "hidden_size": 128,
+    "num_layers": 4,
+    "dropout": 0.1,
+    "world_size": None,
+    "seed": 0,
+    "holdout_fraction": 0.1,
+    "keep_last": 3,
+    "num_names": 20,
+    "rank_timeout_s": 600.0,
+    "model_name": "charlm",
+    "experiment": "ddpflow-charlm",
+}
+
+
+def test_valid_parameters_pass() -> None:
+    params = validate_params(CharLMParams, dict(VALID))
+    assert isinstance(params, CharLMParams)
+    assert params.source == "/data/pets.json"  # stripped
+    assert params.epochs == 3 and params.lr == pytest.approx(0.003)
+    assert params.world_size is None
+
+
+def test_world_size_is_optional_and_checked() -> None:
+    values = {k: v for k, v in VALID.items() if k != "world_size"}
+    assert validate_params(CharLMParams, values).world_size is None
+    assert validate_params(CharLMParams, {**VALID, "world_size": 2}).world_size == 2
+
+
+def test_parameters_are_frozen() -> None:
+    params = validate_params(CharLMParams, dict(VALID))
+    with pytest.raises(Exception, match="(?i)frozen"):
+        params.epochs = 5
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("epochs", 0),
+        ("lr", -1),
+        ("lr", 0),
+        ("batch_size", 0),
+        ("holdout_fraction", 1.5),
+        ("holdout_fraction", 0.0),
+        ("dropout", 1.0),
+        ("world_size", 0),
+        ("keep_last", 0),
+        ("seed", -1),
+        ("num_layers", 65),
+        ("epochs", "many"),
+        ("source", "   "),
+    ],
+)
+def test_bad_value_names_field_and_value(field: str, value: Any) -> None:
+    with pytest.raises(ParameterError) as info:
+        validate_params(CharLMParams, {**VALID, field: value})
+    message = str(info.value)
+    assert message.startswith("invalid flow parameters: ")
+    shown = "''" if field == "source" else repr(value)  # source is stripped before the check
+    assert f"{field}={shown}" in message
+    # Only the bad field is reported.
+    assert message.count("=") == 1
+
+
+def test_unknown_key_is_named() -> None:
+    with pytest.raises(ParameterError) as info:
+        validate_params(CharLMParams, {**VALID, "epoch": 5})
+    message = str(info.value)
+    assert "epoch=5" in message
+    assert "Extra inputs are not permitted" in message
+
+
+def test_several_problems_are_all_reported() -> None:
+    with pytest.raises(ParameterError) as info:
+        validate_params(CharLMParams, {**VALID, "epochs": 0, "lr": -1})
+    message = str(info.value)
+    assert "epochs=0" in message and "lr=-1" in message
+
+
+def test_missing_field_does_not_echo_other_values() -> None:
+    values = {k: v for k, v in VALID.items() if k != "epochs"}
+    values["source"] = "https://user:hunter2@example.com/pets.json"
+    with pytest.raises(ParameterError) as info:
+        validate_params(CharLMParams, values)
+    message = str(info.value)
+    assert "epochs: Field required" in message
+    assert "hunter2" not in message
+
+
+def test_parameter_error_is_a_value_error_without_pydantic_context() -> None:
+    with pytest.raises(ParameterError) as info:
+        validate_params(CharLMParams, {**VALID, "epochs": 0})
+    assert isinstance(info.value, ValueError)
+    assert info.value.__cause__ is None and info.value.__suppress_context__
