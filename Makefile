@@ -35,3 +35,15 @@ mlflow-ui: $(STAMP)
 
 clean:
 	rm -rf artifacts mlartifacts mlruns mlflow.db
+
+# Local production-like stack (infra/README.md), e.g. make stack-up ARGS="--free-ports".
+.PHONY: stack-up stack-down stack-status
+
+stack-up: $(STAMP)
+	$(BIN)/python -m infra.stack up $(ARGS)
+
+stack-down: $(STAMP)
+	$(BIN)/python -m infra.stack down $(ARGS)
+
+stack-status: $(STAMP)
+	$(BIN)/python -m infra.stack status $(ARGS)

@@ -24,8 +24,28 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *cleaned])
 
 
+# Bounded S3 calls: a dead endpoint must fail in seconds, not stall every rank for minutes.
+S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3}}
+
+
+def s3_options() -> dict[str, Any]:
+    """s3fs options from the standard AWS variables.
+
+    botocore reads the keys and AWS_ENDPOINT_URL_S3 itself; the endpoint is passed as well
+    because fsspec caches filesystem instances by their options, and a process that talks to
+    two endpoints (tests do) must not get the first one's client for the second.
+    """
+    options: dict[str, Any] = {"config_kwargs": S3_CONFIG}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+    return options
+
+
 def url_to_fs(uri: str) -> tuple[fsspec.AbstractFileSystem, str]:
     """The filesystem and in-filesystem path for a URI (plain paths are local)."""
+    if uri.startswith(("s3://", "s3a://")):
+        return fsspec.core.url_to_fs(uri, **s3_options())
     return fsspec.core.url_to_fs(uri)
 
 

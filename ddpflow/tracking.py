@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
+PARENT_RUN_TAG = "mlflow.parentRunId"
 
 
 @dataclass(frozen=True)
@@ -100,11 +101,17 @@ def start_run(
     params: Mapping[str, Any],
     tags: Mapping[str, str],
     artifact_location: str | None = None,
+    parent_run_id: str | None = None,
 ) -> RunRef:
-    """Create the one MLflow run of a training and log its parameters and tags."""
+    """Create the one MLflow run of a training and log its parameters and tags.
+
+    With `parent_run_id` the run is a child (e.g. a sweep's trial): the MLflow UI nests it
+    under its parent through the `mlflow.parentRunId` tag.
+    """
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment_name, artifact_location)
-    run = client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+    tags = {**tags, PARENT_RUN_TAG: parent_run_id} if parent_run_id else dict(tags)
+    run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     param_batch = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
     client.log_batch(run.info.run_id, params=param_batch)
     return RunRef(tracking_uri, run.info.run_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import sys
 import types
@@ -22,17 +23,47 @@ def _scalar_type(annotation: Any) -> type:
     return annotation
 
 
+def _parse_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+
+
+def _arg_type(annotation: Any) -> Any:
+    """bool, dict and list parameters need parsing; `bool("false")` would be True."""
+    scalar = _scalar_type(annotation)
+    if scalar is bool:
+        return _parse_bool
+    if typing.get_origin(scalar) in (dict, list) or scalar in (dict, list):
+        return _parse_json  # e.g. --grid '{"lr": [0.001, 0.01]}'
+    return scalar
+
+
 def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     """Parse --name value for each flow parameter, run the flow, exit 1 on failure."""
+    # Under `python -m`, the flow's module is __main__; its spec still has the real name.
+    spec = getattr(sys.modules.get(flow.fn.__module__), "__spec__", None)
+    module = spec.name if spec else flow.fn.__module__
     parser = argparse.ArgumentParser(
-        prog=f"python -m flows.{flow.fn.__module__.split('.')[-1]}", description=flow.description
+        prog=f"python -m flows.{module.split('.')[-1]}", description=flow.description
     )
+    hints = typing.get_type_hints(flow.fn)  # resolves `from __future__` string annotations
     for name, param in inspect.signature(flow.fn).parameters.items():
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=param.default,
-            type=_scalar_type(param.annotation),
+            type=_arg_type(hints.get(name, param.annotation)),
             help=f"default: {param.default!r}",
         )
     args = vars(parser.parse_args(argv))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 
@@ -29,6 +31,38 @@ class CharLMParams(BaseModel):
     experiment: str = Field(min_length=1)
 
     # Before the length check, so a blank source is rejected rather than stripped to "".
+    @field_validator("source", mode="before")
+    @classmethod
+    def _strip(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+
+class SweepParams(BaseModel):
+    """The sweep's parameters. Trials (grid or list, exactly one) are checked per trial by
+    ddpflow.sweep, so one bad trial is reported while the others run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(min_length=1)
+    grid: dict[str, Any] | None = Field(default=None, description="field -> list of values")
+    trials: list[Any] | None = Field(default=None, description="list of {field: value}")
+    # Defaults for every trial field a grid or trial does not set; checked here so a bad
+    # default fails the sweep up front instead of failing every trial.
+    epochs: int = Field(ge=1, le=10_000)
+    batch_size: int = Field(ge=1)
+    lr: float = Field(gt=0, le=10)
+    hidden_size: int = Field(ge=1, le=8192)
+    num_layers: int = Field(ge=1, le=64)
+    dropout: float = Field(ge=0, lt=1)
+    seed: int = Field(ge=0)
+    ranks_per_trial: int = Field(ge=1)
+    holdout_fraction: float = Field(gt=0, lt=1)
+    keep_last: int = Field(ge=1)
+    rank_timeout_s: float = Field(gt=0)
+    model_name: str = Field(min_length=1)
+    experiment: str = Field(min_length=1)
+    promote: bool
+
     @field_validator("source", mode="before")
     @classmethod
     def _strip(cls, value: object) -> object:

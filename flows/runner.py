@@ -35,7 +35,8 @@ def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
     """An existing scheduler when DDPFLOW_DASK_ADDRESS is set, else a LocalCluster per flow run."""
     settings = settings or Settings.from_env()
     if settings.dask_address:
-        return DaskTaskRunner(address=settings.dask_address)
+        # A dead scheduler should fail pre-flight in seconds, not after the 30 s default.
+        return DaskTaskRunner(address=settings.dask_address, client_kwargs={"timeout": "10s"})
     return DaskTaskRunner(
         cluster_class=_local_cluster_for_flow,
         cluster_kwargs={"num_workers": settings.num_dask_workers},

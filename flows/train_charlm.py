@@ -15,12 +15,12 @@ from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
-from ddpflow.distributed import plan_ranks
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
 from flows.cli import run_cli
 from flows.params import CharLMParams, validate_params
-from flows.runner import current_dask_client, dask_task_runner
+from flows.preflight import run_preflight
+from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
 
@@ -76,8 +76,8 @@ def train_charlm(
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     params = validate_params(CharLMParams, dict(locals()))
     settings = Settings.from_env()
-    # Pre-flight: a world size the cluster cannot host fails before any download.
-    ranks = plan_ranks(current_dask_client().scheduler_info()["workers"], params.world_size)
+    # Pre-flight: an unusable store, tracking server or cluster fails before any work.
+    ranks = run_preflight(settings, params.world_size)
 
     raw = download_corpus.submit(params.source, settings.artifact_root).result()
     corpus = format_training_data.submit(

@@ -41,14 +41,18 @@ def project_env(project: Path) -> dict[str, str]:
 
 
 def run_flow(
-    module: str, args: list[str], project: Path, timeout_s: float = 600
+    module: str,
+    args: list[str],
+    project: Path,
+    timeout_s: float = 600,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m flows.<module> ...` the way a user does, in the project folder."""
     project.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", f"flows.{module}", *args],
         cwd=project,
-        env=project_env(project),
+        env={**project_env(project), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout_s,

@@ -1,0 +1,132 @@
+"""Pre-flight: prove each component works before any expensive or stateful work starts.
+
+Each check fails within seconds with a message naming the component, what was tried and the
+setting to fix. None of them leaves anything behind: the artifact-store probe is deleted,
+and a failed probe wrote nothing.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from ddpflow import storage
+from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
+
+T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 15.0
+
+
+class PreflightError(RuntimeError):
+    """A component is unusable; the run stopped before doing anything."""
+
+
+def check_artifact_store(root: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """A local root must be creatable and writable; a remote one gets a probe round trip.
+
+    The local check writes nothing (no probe, no folders). For an object store, permission
+    is only known by trying, so a small probe object is written, read back and deleted.
+    """
+    if "://" not in root:
+        _check_local_root(Path(root))
+        return
+    probe = storage.join(root, ".ddpflow-preflight", uuid.uuid4().hex)
+    payload = b"ddpflow pre-flight probe"
+
+    def roundtrip() -> None:
+        storage.write_bytes(probe, payload)
+        try:
+            if storage.read_bytes(probe) != payload:
+                raise OSError("read back different bytes than written")
+        finally:
+            storage.delete(probe)
+
+    try:
+        _bounded(roundtrip, timeout_s)
+    except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
+        raise PreflightError(_artifact_store_message(root, error)) from error
+
+
+def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    """An MLflow server answers its health and API endpoints; a SQLite file's folder exists."""
+    if tracking_uri.startswith("sqlite:///"):
+        folder = Path(tracking_uri.removeprefix("sqlite:///")).parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK):
+            raise PreflightError(
+                f"MLflow store {tracking_uri}: folder {folder} does not exist or is not "
+                f"writable. Create it or set {TRACKING_URI_ENV}."
+            )
+        return
+    if not tracking_uri.startswith(("http://", "https://")):
+        return  # other stores (databricks, file:) are left to MLflow itself
+    base = tracking_uri.rstrip("/")
+    tried = f"{base}/api/2.0/mlflow/experiments/search"
+    try:
+        # A direct bounded request: MLflow's own client retries a dead server for minutes.
+        request = urllib.request.Request(
+            tried,
+            data=json.dumps({"max_results": 1}).encode(),
+            method="POST",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            json.loads(response.read() or b"{}")
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        reason = getattr(error, "reason", None) or error
+        raise PreflightError(
+            f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
+            f"Start the server or fix {TRACKING_URI_ENV}."
+        ) from error
+
+
+def _check_local_root(root: Path) -> None:
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise PreflightError(
+            f"artifact store {root}: {existing} is not a writable folder, so the root cannot "
+            f"be created or written. Make it writable or set {ARTIFACT_ROOT_ENV}."
+        )
+
+
+def _bounded(fn: Callable[[], T], timeout_s: float) -> T:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(fn).result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"no answer within {timeout_s:g}s") from None
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _artifact_store_message(root: str, error: BaseException) -> str:
+    kind = type(error).__name__
+    detail = f"{kind}: {error}" if str(error) else kind
+    tried = f"artifact store {root}: writing a probe object failed ({detail})."
+    if not root.startswith("s3://"):
+        return f"{tried} Make the folder writable or set {ARTIFACT_ROOT_ENV}."
+    bucket = root.removeprefix("s3://").split("/", 1)[0]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    where = f" at {endpoint} (AWS_ENDPOINT_URL_S3)" if endpoint else ""
+    if kind == "NoCredentialsError":
+        fix = "No AWS credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY."
+    elif isinstance(error, PermissionError):
+        fix = (
+            "Access denied: check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY and the "
+            f"permissions on bucket '{bucket}'."
+        )
+    elif isinstance(error, FileNotFoundError):
+        fix = f"Bucket '{bucket}' does not exist{where}: create it or fix {ARTIFACT_ROOT_ENV}."
+    elif isinstance(error, TimeoutError) or "Connect" in kind or "Endpoint" in kind:
+        fix = f"The S3 endpoint{where or ''} is unreachable: check AWS_ENDPOINT_URL_S3."
+    else:
+        fix = f"Check {ARTIFACT_ROOT_ENV} and the AWS_* settings."
+    return f"{tried} {fix}"

@@ -1,0 +1,248 @@
+"""Start the local stack's services one by one; each start returns only once it is healthy.
+
+Other tests import these helpers: `free_port`, `Service`, `start_*`, `create_bucket`, `stop`,
+`wait_http`. Every process binds 127.0.0.1 and runs in its own session (see `infra.procs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+from infra.procs import (
+    Service,
+    ServiceError,
+    free_port,
+    http_ok,
+    pid_alive,
+    spawn,
+    stop,
+    tcp_ok,
+    wait_http,
+    wait_until,
+)
+
+__all__ = [
+    "Service",
+    "ServiceError",
+    "create_bucket",
+    "free_port",
+    "health",
+    "start_dask",
+    "start_mlflow",
+    "start_moto",
+    "start_prefect_server",
+    "start_prefect_worker",
+    "stop",
+    "wait_http",
+]
+
+REPO = Path(__file__).resolve().parents[1]
+# Console scripts of the venv that runs us (moto_server, mlflow, prefect, dask).
+BIN = Path(sys.executable).parent
+FAKE_AWS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+# Generous on 2 shared cores: Prefect and MLflow spend most of their start-up importing.
+SERVER_TIMEOUT_S = 90.0
+
+
+def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The caller's environment without Prefect/MLflow/Dask settings that could point elsewhere."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_", "DDPFLOW_"))
+    }
+    env.update(extra or {})
+    return env
+
+
+def start_moto(port: int, log_dir: Path) -> Service:
+    """moto's S3 server on 127.0.0.1 (its default would bind 0.0.0.0)."""
+    argv = [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+    service = spawn("moto", argv, base_env(), log_dir)
+    service.url = f"http://127.0.0.1:{port}"
+    service.extra = {"health_url": f"{service.url}/moto-api/", "port": port}
+    return _healthy(service, 30)
+
+
+def create_bucket(endpoint_url: str, bucket: str) -> None:
+    """Create bucket on the S3 endpoint with moto's fake keys; an existing one is fine."""
+    import boto3  # late: only callers that make buckets pay for the import
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=FAKE_AWS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_AWS["AWS_SECRET_ACCESS_KEY"],
+        region_name=FAKE_AWS["AWS_DEFAULT_REGION"],
+    )
+    with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+        s3.create_bucket(Bucket=bucket)
+
+
+def start_mlflow(
+    port: int,
+    backend_store_uri: str,
+    artifacts_destination: str,
+    env: Mapping[str, str],
+    log_dir: Path,
+) -> Service:
+    """MLflow tracking server proxying artifacts to artifacts_destination (env reaches S3)."""
+    argv = [
+        str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", backend_store_uri,
+        "--artifacts-destination", artifacts_destination,
+        "--workers", "1",
+    ]  # fmt: skip
+    # Job execution starts a huey consumer and extra workers: 24 s and 2.2 GB instead of 10 s.
+    full_env = base_env({**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    service = spawn("mlflow", argv, full_env, log_dir, cwd=log_dir)
+    service.url = f"http://127.0.0.1:{port}"
+    service.extra = {"health_url": f"{service.url}/health", "port": port}
+    return _healthy(service, SERVER_TIMEOUT_S)
+
+
+def start_prefect_server(port: int, prefect_home: Path, log_dir: Path) -> Service:
+    """Prefect API + UI on SQLite; the database lives in prefect_home."""
+    prefect_home.mkdir(parents=True, exist_ok=True)
+    argv = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    env = base_env({"PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    service = spawn("prefect-server", argv, env, log_dir, cwd=prefect_home)
+    # uvicorn shuts down cleanly on SIGINT (Ctrl-C), as a terminal would stop it.
+    service.stop_signal = int(signal.SIGINT)
+    service.url = f"http://127.0.0.1:{port}/api"
+    service.extra = {"health_url": f"{service.url}/health", "port": port}
+    return _healthy(service, SERVER_TIMEOUT_S)
+
+
+def start_dask(
+    scheduler_port: int,
+    num_workers: int,
+    env: Mapping[str, str],
+    log_dir: Path,
+    local_directory: Path | None = None,
+) -> tuple[Service, Service]:
+    """A Dask scheduler and num_workers worker processes (1 thread each, under nannies)."""
+    address = f"tcp://127.0.0.1:{scheduler_port}"
+    dask_env = base_env(
+        {
+            **env,
+            # Ranks may start DataLoader processes, which daemonic workers cannot have.
+            "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+            # The sampling profiler costs the ranks ~8 % of throughput on 2 cores.
+            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+        }
+    )
+    argv = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(scheduler_port)]
+    # No bokeh here, so no dashboard; its HTTP server (health, metrics) still starts, on
+    # 0.0.0.0:8787 unless told otherwise.
+    loopback_http = ["--no-dashboard", "--dashboard-address", "127.0.0.1:0"]
+    scheduler = spawn("dask-scheduler", [*argv, *loopback_http], dask_env, log_dir)
+    scheduler.url = address
+    scheduler.extra = {"port": scheduler_port}
+    wait_until(lambda: tcp_ok("127.0.0.1", scheduler_port), 60, scheduler, "listening")
+    scratch = local_directory or log_dir.parent / "dask-scratch"
+    argv = [
+        str(BIN / "dask"), "worker", address, "--nworkers", str(num_workers), "--nthreads", "1",
+        "--host", "127.0.0.1", *loopback_http, "--local-directory", str(scratch),
+    ]  # fmt: skip
+    try:
+        workers = spawn("dask-workers", argv, dask_env, log_dir)
+    except BaseException:
+        stop(scheduler)
+        raise
+    workers.url = address
+    workers.extra = {"num_workers": num_workers}
+    try:
+        return scheduler, _healthy(workers, 90)
+    except BaseException:
+        stop(workers)
+        stop(scheduler)
+        raise
+
+
+def start_prefect_worker(
+    pool: str, env: Mapping[str, str], log_dir: Path, cwd: Path | None = None
+) -> Service:
+    """A process worker polling pool; env (with PREFECT_API_URL) is passed on to flow runs."""
+    full_env = base_env(env)
+    if "PREFECT_API_URL" not in full_env:
+        raise ValueError("start_prefect_worker needs PREFECT_API_URL in env (the Prefect server)")
+    _ensure_pool(pool, full_env)
+    name = f"ddpflow-worker-{uuid.uuid4().hex[:8]}"  # unique: a stale record cannot pass health
+    argv = [str(BIN / "prefect"), "worker", "start", "--pool", pool, "--type", "process"]
+    service = spawn("prefect-worker", [*argv, "--name", name], full_env, log_dir, cwd=cwd or REPO)
+    service.stop_signal = int(signal.SIGINT)  # `prefect worker start` ignores SIGTERM
+    service.url = full_env["PREFECT_API_URL"]
+    service.extra = {"pool": pool, "worker_name": name}
+    return _healthy(service, SERVER_TIMEOUT_S)
+
+
+def _ensure_pool(pool: str, env: Mapping[str, str]) -> None:
+    """Create the process work pool unless it exists (the CLI fills the base job template)."""
+    argv = [str(BIN / "prefect"), "work-pool", "create", pool, "--type", "process"]
+    done = subprocess.run(
+        argv, env=dict(env), capture_output=True, text=True, timeout=120, check=False
+    )
+    if done.returncode != 0 and "already exists" not in done.stdout + done.stderr:
+        raise ServiceError(f"could not create work pool {pool!r}:\n{done.stdout}{done.stderr}")
+
+
+def _prefect_worker_seen(service: Service) -> bool:
+    """True if the Prefect API lists this worker (by its unique name) in its pool."""
+    import httpx  # Prefect's own HTTP client; a POST with a JSON body
+
+    pool, name = service.extra["pool"], service.extra["worker_name"]
+    url = f"{service.url}/work_pools/{pool}/workers/filter"
+    resp = httpx.post(url, json={}, timeout=5, trust_env=False)
+    resp.raise_for_status()
+    return any(w["name"] == name for w in resp.json())
+
+
+def _dask_workers_seen(service: Service) -> bool:
+    """True if the scheduler knows the expected number of workers."""
+    import distributed  # late: the other services do not need it
+
+    with distributed.Client(service.url, timeout=10) as client:
+        return len(client.nthreads()) >= service.extra["num_workers"]
+
+
+def health(service: Service) -> str | None:
+    """None if the service is healthy, else why not (for `status` and the start-up waits)."""
+    if not pid_alive(service.pid, service.create_time or None):
+        return "process not running"
+    try:
+        if service.name == "prefect-worker":
+            ok = _prefect_worker_seen(service)
+        elif service.name == "dask-workers":
+            ok = _dask_workers_seen(service)
+        elif service.name == "dask-scheduler":
+            ok = tcp_ok("127.0.0.1", service.extra["port"])
+        else:
+            ok = http_ok(service.extra["health_url"])
+    except Exception as exc:  # any failure to answer is "unhealthy"
+        return f"{type(exc).__name__}: {exc}"
+    return None if ok else "not ready"
+
+
+def _healthy(service: Service, timeout_s: float) -> Service:
+    """Wait for health; a service that never gets there is stopped before the error is raised."""
+    try:
+        if "health_url" in service.extra:
+            wait_http(service.extra["health_url"], timeout_s, service)
+        else:
+            wait_until(lambda: health(service) is None, timeout_s, service, "healthy")
+    except BaseException:
+        stop(service)
+        raise
+    return service

@@ -1,0 +1,69 @@
+"""Fixtures' helpers: a moto S3 server and an MLflow server, real processes on 127.0.0.1."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import boto3
+
+from infra.services import Service, create_bucket, free_port, start_mlflow, start_moto, stop
+
+# Moto accepts any key unless auth is switched on; these are distinctive so a leak is found.
+ACCESS_KEY = "AKIADDPFLOWTESTKEY42"
+SECRET_KEY = "ddpflow-test-secret-value-must-never-leak-7f3a"
+
+
+def s3_env(endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def s3_client(endpoint: str):
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        region_name="us-east-1",
+    )
+
+
+def list_keys(endpoint: str, bucket: str, prefix: str = "") -> list[str]:
+    paginator = s3_client(endpoint).get_paginator("list_objects_v2")
+    return [
+        obj["Key"]
+        for page in paginator.paginate(Bucket=bucket, Prefix=prefix)
+        for obj in page.get("Contents", [])
+    ]
+
+
+@contextmanager
+def moto_server(log_dir: Path, buckets: tuple[str, ...] = ()) -> Iterator[str]:
+    service = start_moto(free_port(), log_dir)
+    try:
+        for bucket in buckets:
+            create_bucket(service.url, bucket)
+        yield service.url
+    finally:
+        stop(service)
+
+
+@contextmanager
+def mlflow_server(log_dir: Path, endpoint: str, destination: str) -> Iterator[Service]:
+    service = start_mlflow(
+        free_port(),
+        f"sqlite:///{log_dir / 'mlflow-server.db'}",
+        destination,
+        env=s3_env(endpoint),
+        log_dir=log_dir,
+    )
+    try:
+        yield service
+    finally:
+        stop(service)

@@ -1,0 +1,212 @@
+"""S3 for real: a moto server over HTTP and an MLflow server whose artifacts go to S3."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import time
+
+import pytest
+import s3fs
+import torch
+from mlflow.tracking import MlflowClient
+
+from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
+from infra.services import free_port
+from tests.integration.conftest import project_env, run_flow
+from tests.integration.s3_servers import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    list_keys,
+    mlflow_server,
+    moto_server,
+    s3_env,
+)
+
+pytestmark = pytest.mark.integration
+BUCKET = "ddpflow-it"
+TINY = [
+    "--epochs",
+    "2",
+    "--hidden-size",
+    "16",
+    "--num-layers",
+    "1",
+    "--batch-size",
+    "4096",
+    "--keep-last",
+    "2",
+]
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory) -> str:
+    with moto_server(tmp_path_factory.mktemp("moto"), buckets=(BUCKET,)) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def s3_run(moto, tmp_path_factory) -> dict:
+    """One flow run: artifact root on S3, MLflow server with an S3 artifact destination."""
+    logs = tmp_path_factory.mktemp("mlflow-server")
+    with mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server:
+        project = tmp_path_factory.mktemp("s3-project")
+        env = {
+            **s3_env(moto),
+            "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
+            "MLFLOW_TRACKING_URI": server.url,
+        }
+        result = run_flow("train_charlm", TINY, project, env=env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        client = MlflowClient(server.url)
+        run = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])[0]
+        history = client.get_metric_history(run.info.run_id, "val_loss")
+        flow_run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "prefect",
+                "flow-run",
+                "inspect",
+                run.data.tags["prefect.flow_run_id"],
+            ],
+            env={**project_env(project), **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        yield {
+            "output": result.stdout + result.stderr,
+            "run": run,
+            "val_loss": history,
+            "flow_run": flow_run.stdout + flow_run.stderr,
+            "keys": list_keys(moto, BUCKET),
+        }
+
+
+def test_data_checkpoints_and_reports_are_objects_in_the_bucket(s3_run):
+    keys, run_id = s3_run["keys"], s3_run["run"].info.run_id
+    prefix = f"artifacts/runs/{run_id}"
+    assert any(k.startswith("artifacts/data/raw/") and k.endswith(".json") for k in keys)
+    assert any(k.startswith("artifacts/data/formatted/") and k.endswith("train.pt") for k in keys)
+    assert f"{prefix}/checkpoints/epoch-0002.pt" in keys
+    assert f"{prefix}/checkpoints/latest.json" in keys
+    assert f"{prefix}/reports/evaluation.md" in keys
+    assert not [k for k in keys if ".ddpflow-preflight" in k], "the probe was cleaned up"
+
+
+def test_checkpoint_loads_from_s3_with_weights_only(s3_run, moto, monkeypatch):
+    for key, value in s3_env(moto).items():
+        monkeypatch.setenv(key, value)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True)
+    path = f"{BUCKET}/artifacts/runs/{s3_run['run'].info.run_id}/checkpoints/epoch-0002.pt"
+    with fs.open(path, "rb") as f:
+        state = torch.load(io.BytesIO(f.read()), weights_only=True)
+    assert state["epoch"] == 2 and "lstm.weight_ih_l0" in state["model_state"]
+
+
+def test_mlflow_server_keeps_model_and_checkpoints_in_s3(s3_run):
+    keys = s3_run["keys"]
+    mlflow_keys = [k for k in keys if k.startswith("mlflow/")]
+    assert any(k.endswith("checkpoints/epoch-0002.pt") for k in mlflow_keys), mlflow_keys
+    assert any(k.endswith("/MLmodel") for k in mlflow_keys), mlflow_keys
+    assert [m.step for m in s3_run["val_loss"]] == [1, 2]
+
+
+def test_credentials_appear_nowhere(s3_run, moto):
+    run = s3_run["run"]
+    recorded = " ".join([*run.data.params.values(), *run.data.tags.values()])
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert secret not in s3_run["output"], "flow logs"
+        assert secret not in recorded, "MLflow params/tags"
+        assert secret not in s3_run["flow_run"], "Prefect flow run and its parameters"
+    assert "Parameters" in s3_run["flow_run"] or "parameters" in s3_run["flow_run"]
+    client_keys = [k for k in s3_run["keys"] if k.endswith((".md", ".json"))]
+    from tests.integration.s3_servers import s3_client
+
+    s3 = s3_client(moto)
+    for key in client_keys:
+        body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        assert SECRET_KEY.encode() not in body and ACCESS_KEY.encode() not in body, key
+
+
+def _assert_fast_failure(check, match: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(PreflightError, match=match):
+        check()
+    assert time.monotonic() - started < 20
+
+
+def test_missing_bucket_fails_preflight_and_writes_nothing(moto, monkeypatch):
+    for key, value in s3_env(moto).items():
+        monkeypatch.setenv(key, value)
+    before = list_keys(moto, BUCKET)
+    _assert_fast_failure(
+        lambda: check_artifact_store("s3://no-such-bucket-xyz/run"),
+        "Bucket 'no-such-bucket-xyz' does not exist",
+    )
+    assert list_keys(moto, BUCKET) == before
+
+
+def test_wrong_credentials_fail_preflight_with_an_access_message(tmp_path, monkeypatch):
+    """A second moto server with authentication on: unknown keys are refused (403)."""
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
+    with moto_server(tmp_path) as endpoint:
+        for key, value in s3_env(endpoint).items():
+            monkeypatch.setenv(key, value)
+        _assert_fast_failure(
+            lambda: check_artifact_store(f"s3://{BUCKET}/run"),
+            "Access denied: check AWS_ACCESS_KEY_ID",
+        )
+
+
+def test_unreachable_mlflow_fails_in_seconds_naming_the_setting():
+    uri = f"http://127.0.0.1:{free_port()}"
+    _assert_fast_failure(lambda: check_tracking(uri, timeout_s=5), "MLFLOW_TRACKING_URI")
+
+
+def test_flow_stops_on_unreachable_mlflow_before_writing(moto, tmp_path):
+    uri = f"http://127.0.0.1:{free_port()}"
+    env = {
+        **s3_env(moto),
+        "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/unreachable",
+        "MLFLOW_TRACKING_URI": uri,
+    }
+    started = time.monotonic()
+    result = run_flow("train_charlm", TINY, tmp_path, env=env)
+    assert result.returncode == 1
+    assert f"MLflow tracking server {uri} is not usable" in result.stderr
+    assert time.monotonic() - started < 60
+    assert list_keys(moto, BUCKET, "unreachable/") == []
+
+
+def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypatch):
+    from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+    from ddpflow.checkpoint import CheckpointStore, build_state
+
+    for key, value in s3_env(moto).items():
+        monkeypatch.setenv(key, value)
+    model = CharLSTM(CharLSTMConfig(hidden_size=8, num_layers=1))
+    optimizer = torch.optim.Adam(model.parameters())
+    store = CheckpointStore(f"s3://{BUCKET}/interrupted-{time.time_ns()}", keep_last=3)
+    for epoch in (1, 2):
+        store.save(build_state(model, optimizer, epoch, model.config.to_dict()))
+
+    original = s3fs.S3FileSystem._call_s3
+
+    async def drop_epoch_3(self, method, *args, **kwargs):
+        if str(kwargs.get("Key", "")).endswith("epoch-0003.pt"):
+            raise ConnectionResetError("connection dropped mid-upload")
+        return await original(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", drop_epoch_3)
+    with pytest.raises(OSError):
+        store.save(build_state(model, optimizer, 3, model.config.to_dict()))
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", original)
+
+    assert store.latest_uri().endswith("epoch-0002.pt")
+    assert store.load()["epoch"] == 2
+    prefix = store.root.removeprefix(f"s3://{BUCKET}/")
+    assert not [k for k in list_keys(moto, BUCKET, prefix) if k.endswith("epoch-0003.pt")]
