@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -83,3 +83,41 @@ def _describe(error: dict) -> str:
         # The "input" of a missing field is the whole parameter dict (source URL included).
         return f"{field}: {error['msg']}"
     return f"{field}={error.get('input')!r}: {error['msg']}"
+
+
+class ImageParams(BaseModel):
+    """The image flow's parameters (train-images)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str | None = Field(default=None, description="None: the digits demo folder")
+    arch: Literal["resnet18", "resnet50"]
+    weights: str = Field(min_length=1, description="none, imagenet or a state_dict URI")
+    freeze_backbone: bool
+    image_size: int = Field(ge=8, le=1024)
+    resize: Literal["crop", "stretch"]
+    val_fraction: float = Field(gt=0, lt=1)
+    epochs: int = Field(ge=1, le=10_000)
+    batch_size: int = Field(ge=1, description="images per rank per step")
+    lr: float = Field(gt=0, le=10, description="base lr, multiplied by world_size")
+    optimizer: Literal["adam", "sgd"]
+    lr_patience: int = Field(ge=0)
+    world_size: int | None = Field(default=None, ge=1, description="None: every worker")
+    seed: int = Field(ge=0)
+    max_bad_fraction: float = Field(ge=0, lt=1)
+    keep_last: int = Field(ge=1)
+    rank_timeout_s: float = Field(gt=0)
+    model_name: str = Field(min_length=1)
+    experiment: str = Field(min_length=1)
+
+    @field_validator("source", "weights", mode="before")
+    @classmethod
+    def _strip(cls, value: object) -> object:
+        return value.strip() if isinstance(value, str) else value
+
+    @field_validator("source")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value:
+            raise ValueError("source is blank; pass an image folder URI or leave it unset")
+        return value

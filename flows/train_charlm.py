@@ -5,54 +5,14 @@ Run it: `python -m flows.train_charlm --epochs 2` (or `make demo`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from prefect import flow
-from prefect.runtime import flow_run
 
-from ddpflow import storage
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.charlm.model import CharLSTMConfig
-from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
-from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
 from flows.cli import run_cli
 from flows.params import CharLMParams, validate_params
-from flows.preflight import run_preflight
 from flows.runner import dask_task_runner
-from flows.summary import mlflow_ui_hint
-from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
-
-
-@dataclass(frozen=True)
-class CharLMSummary:
-    run_id: str
-    final_val_loss: float
-    names: list[str]
-    novel_fraction: float
-    checkpoint_uri: str
-    checkpoint_dir: str
-    model_version: str
-    world_size: int
-
-    def render(self, settings: Settings, experiment_id: str | None = None) -> str:
-        return "\n".join(
-            [
-                "",
-                "ddpflow: pet-name model trained",
-                f"  MLflow run id      {self.run_id}",
-                f"  world size         {self.world_size} ranks",
-                f"  final val loss     {self.final_val_loss:.4f}",
-                f"  generated names    {', '.join(n or '(empty)' for n in self.names)}",
-                f"  novel names        {self.novel_fraction:.0%} not in the training set",
-                f"  checkpoints        {self.checkpoint_dir}",
-                f"  latest checkpoint  {self.checkpoint_uri}",
-                f"  registered model   version {self.model_version}",
-                f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
-                "",
-            ]
-        )
 
 
 @flow(name="train-charlm", task_runner=dask_task_runner(), log_prints=True)
@@ -76,79 +36,9 @@ def train_charlm(
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     params = validate_params(CharLMParams, dict(locals()))
     settings = Settings.from_env()
-    # Pre-flight: an unusable store, tracking server or cluster fails before any work.
-    ranks = run_preflight(settings, params.world_size)
-
-    raw = download_corpus.submit(params.source, settings.artifact_root).result()
-    corpus = format_training_data.submit(
-        raw.uri, settings.artifact_root, params.holdout_fraction
-    ).result()
-    print(
-        f"corpus: {corpus.num_train_names} train / {corpus.num_val_names} holdout names, "
-        f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
-    )
-
-    model_config = CharLSTMConfig(
-        hidden_size=params.hidden_size, num_layers=params.num_layers, dropout=params.dropout
-    )
-    run = start_run(
-        settings.tracking_uri,
-        params.experiment,
-        run_name=f"charlm-{flow_run.get_id()}",
-        params={
-            **params.model_dump(),
-            "source": redact_url(params.source),
-            "world_size": len(ranks),
-            "data_sha256": raw.sha256,
-            "num_train_samples": corpus.num_train_samples,
-        },
-        tags={"prefect.flow_run_id": str(flow_run.get_id()), "ddpflow.workload": "charlm"},
-        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
-    )
-    # Everything a run writes lives under its own folder: concurrent runs never collide.
-    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
-        summary = _train_evaluate_register(params, model_config, corpus, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
-    end_run(run)
+    summary, _, _ = run_charlm_pipeline(params, settings)
     print(summary.render(settings))
     return summary
-
-
-def _train_evaluate_register(
-    params, model_config, corpus, run: RunRef, run_dir: str, world_size: int
-) -> CharLMSummary:
-    checkpoint_dir = storage.join(run_dir, "checkpoints")
-    job = CharLMTrainJob(
-        train_uri=corpus.train_uri,
-        val_uri=corpus.val_uri,
-        model=model_config,
-        epochs=params.epochs,
-        batch_size=params.batch_size,
-        lr=params.lr,
-        seed=params.seed,
-        checkpoint_root=checkpoint_dir,
-        keep_last=params.keep_last,
-        run=run,
-    )
-    trained = train_ddp(job, world_size, params.rank_timeout_s)
-    checkpoint = trained.latest_checkpoint
-    evaluation = evaluate.submit(
-        run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
-    ).result()
-    version = register.submit(run, checkpoint, params.model_name).result()
-    return CharLMSummary(
-        run_id=run.run_id,
-        final_val_loss=evaluation.val_loss,
-        names=evaluation.names,
-        novel_fraction=evaluation.novel_fraction,
-        checkpoint_uri=checkpoint,
-        checkpoint_dir=checkpoint_dir,
-        model_version=version,
-        world_size=world_size,
-    )
 
 
 if __name__ == "__main__":

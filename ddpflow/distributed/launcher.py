@@ -8,6 +8,7 @@ starts, so a rank that never starts is named precisely instead of surfacing as a
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from ddpflow.distributed.context import (
     process_group,
 )
 from ddpflow.distributed.planning import RankAssignment, choose_backend, plan_ranks
+from ddpflow.distributed.reservation import reserve_workers
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -53,11 +55,14 @@ def launch(
     world_size: int | None = None,
     timeout_s: float = 120.0,
     workers: Sequence[str] | None = None,
+    reserve_wait_s: float = 3600.0,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
     `timeout_s` bounds rank start-up and every collective (gloo/nccl) inside the group.
     `workers` restricts the candidates (e.g. a sweep giving each trial its own workers).
+    The group's workers are reserved cluster-wide first; while other groups hold them, the
+    launch waits up to `reserve_wait_s` (it never starts ranks that would queue).
     """
     available = client.scheduler_info()["workers"]
     if workers is not None:
@@ -65,7 +70,19 @@ def launch(
         if missing:
             raise LaunchError(f"workers {missing} are not in the cluster", [])
         available = {addr: info for addr, info in available.items() if addr in workers}
-    plan = plan_ranks(available, world_size)
+    size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
+    with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
+        plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
+        return _run_group(client, fn, args, plan, timeout_s)
+
+
+def _run_group(
+    client: distributed.Client,
+    fn: Callable[..., R],
+    args: tuple,
+    plan: list[RankAssignment],
+    timeout_s: float,
+) -> list[R]:
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(client.run(cuda_available, workers=addresses))
     rank0 = plan[0]
@@ -79,11 +96,20 @@ def launch(
         rank0.host,
         port,
     )
+    spec_for = functools.partial(
+        _spec,
+        world=len(plan),
+        host=rank0.host,
+        port=port,
+        backend=backend,
+        timeout_s=timeout_s,
+        launch_id=launch_id,
+    )
     futures = [
         client.submit(
             _rank_main,
             fn,
-            _spec(a, len(plan), rank0.host, port, backend, timeout_s, launch_id),
+            spec_for(a),
             a.num_threads,
             args,
             workers=[a.worker_address],

@@ -98,3 +98,21 @@ def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
     assert result.history[1].val_loss < result.history[0].val_loss
     assert [step for step, _ in metric_history(run, "val_loss")] == [1, 2]
     assert result.latest_checkpoint.endswith("epoch-0002.pt")
+
+
+def _slow_group(ctx: RankContext, seconds: float) -> float:
+    started = time.time()
+    time.sleep(seconds)
+    dist.barrier()
+    return started
+
+
+def test_two_groups_at_once_take_turns_instead_of_clashing(dask_client):
+    """Two launches (as from two flow runs) each want both workers: the second waits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(launch, dask_client, _slow_group, 3.0, world_size=2, timeout_s=30)
+        second = pool.submit(launch, dask_client, _slow_group, 3.0, world_size=2, timeout_s=30)
+        starts = sorted([min(first.result(timeout=120)), min(second.result(timeout=120))])
+    assert starts[1] - starts[0] >= 2.5, "the groups ran one after the other"

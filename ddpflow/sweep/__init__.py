@@ -1,0 +1,29 @@
+"""Hyperparameter sweeps: many pet-name models at once, each on its own Dask workers.
+
+config   trial configs, grid expansion, per-trial validation naming the field
+slots    which workers a trial holds; a queue that never runs more than the cluster holds
+trial    the rank function of a trial (training + elapsed seconds + fault injection)
+execute  a trial's child MLflow run and outcome
+plots    loss vs epoch / elapsed seconds, one panel per trial
+report   ranking, table rows, what goes into the parent run
+"""
+
+from ddpflow.sweep.config import SweepConfigError, TrialConfig, TrialSpec, build_trials
+from ddpflow.sweep.execute import SweepSetup, TrialOutcome, reject_trial, run_trial
+from ddpflow.sweep.slots import WorkerSlots, run_queued
+from ddpflow.sweep.trial import TrialJob, trial_rank
+
+__all__ = [
+    "SweepConfigError",
+    "SweepSetup",
+    "TrialConfig",
+    "TrialJob",
+    "TrialOutcome",
+    "TrialSpec",
+    "WorkerSlots",
+    "build_trials",
+    "reject_trial",
+    "run_queued",
+    "run_trial",
+    "trial_rank",
+]

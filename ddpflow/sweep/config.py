@@ -1,0 +1,162 @@
+"""Trial configs of a sweep: grid expansion and per-trial validation that names the field.
+
+An invalid trial does not stop the sweep: it is reported (``trials[3].lr=-1: must be > 0``)
+and never launched, while the valid trials run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+MAX_TRIALS = 1000  # a typo like 10 values x 10 keys should fail loudly, not queue 10^10 trials
+
+
+class SweepConfigError(ValueError):
+    """The sweep as a whole is unusable (not one trial): the message names the input."""
+
+
+@dataclass(frozen=True)
+class TrialConfig:
+    """One model to train. `fail_after_epochs` is a fault-injection knob for tests: the
+    trial's ranks raise after that many epochs, i.e. the trial crashes mid-training."""
+
+    batch_size: int
+    lr: float
+    hidden_size: int
+    num_layers: int
+    dropout: float
+    epochs: int
+    seed: int
+    fail_after_epochs: int | None = None
+
+    def label(self) -> str:
+        return f"bs={self.batch_size} lr={self.lr:g} h={self.hidden_size}x{self.num_layers}"
+
+
+TRIAL_FIELDS = tuple(f.name for f in fields(TrialConfig))
+OPTIONAL_FIELDS = frozenset({"fail_after_epochs"})
+
+Check = tuple[Callable[[Any], bool], str]
+_RULES: dict[str, tuple[type, list[Check]]] = {
+    "batch_size": (int, [(lambda v: v >= 1, "must be >= 1")]),
+    "lr": (float, [(lambda v: v > 0, "must be > 0"), (lambda v: v <= 10, "must be <= 10")]),
+    "hidden_size": (int, [(lambda v: 1 <= v <= 8192, "must be between 1 and 8192")]),
+    "num_layers": (int, [(lambda v: 1 <= v <= 64, "must be between 1 and 64")]),
+    "dropout": (float, [(lambda v: 0 <= v < 1, "must be >= 0 and < 1")]),
+    "epochs": (int, [(lambda v: 1 <= v <= 10_000, "must be between 1 and 10000")]),
+    "seed": (int, [(lambda v: v >= 0, "must be >= 0")]),
+    "fail_after_epochs": (int, [(lambda v: v >= 1, "must be >= 1")]),
+}
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    """A trial as given (`values`, defaults filled in) and, when valid, its config."""
+
+    index: int
+    values: dict[str, Any]
+    config: TrialConfig | None
+    errors: tuple[str, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return self.config is not None
+
+    @property
+    def name(self) -> str:
+        return f"trial-{self.index}"
+
+
+def _check_field(prefix: str, name: str, value: Any) -> tuple[Any, str | None]:
+    kind, checks = _RULES[name]
+    # bool is an int to Python, but `"lr": true` is a mistake, not a learning rate of 1.
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if not numeric or (kind is int and not float(value).is_integer()):
+        expected = "an integer" if kind is int else "a number"
+        return None, f"{prefix}.{name}={value!r}: must be {expected}"
+    converted = kind(value)
+    # Messages quote the value as given (lr=-1), not as converted (lr=-1.0).
+    if kind is float and not math.isfinite(converted):
+        return None, f"{prefix}.{name}={value!r}: must be a finite number"
+    for ok, message in checks:
+        if not ok(converted):
+            return None, f"{prefix}.{name}={value!r}: {message}"
+    return converted, None
+
+
+def validate_trial(index: int, values: Mapping[str, Any]) -> TrialSpec:
+    """Check every field of one trial; all problems are reported, not just the first."""
+    prefix = f"trials[{index}]"
+    errors = [
+        f"{prefix}.{k}: unknown field; expected one of {', '.join(TRIAL_FIELDS)}"
+        for k in values
+        if k not in TRIAL_FIELDS
+    ]
+    checked: dict[str, Any] = {}
+    for name in TRIAL_FIELDS:
+        value = values.get(name)
+        if value is None:
+            if name not in OPTIONAL_FIELDS:
+                errors.append(f"{prefix}.{name}: missing")
+            continue
+        checked[name], error = _check_field(prefix, name, value)
+        if error:
+            errors.append(error)
+    fail_after, epochs = checked.get("fail_after_epochs"), checked.get("epochs")
+    if fail_after is not None and epochs is not None and fail_after >= epochs:
+        errors.append(
+            f"{prefix}.fail_after_epochs={fail_after}: must be < epochs ({epochs}) so the "
+            "trial crashes mid-training"
+        )
+    config = None if errors else TrialConfig(**checked)
+    return TrialSpec(index, dict(values), config, tuple(errors))
+
+
+def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The cartesian product of the grid's lists, first key varying slowest.
+
+    A scalar value is a list of one. Unknown keys and empty lists fail the whole sweep:
+    they are mistakes in the grid, not in one trial.
+    """
+    unknown = sorted(set(grid) - set(TRIAL_FIELDS))
+    if unknown:
+        raise SweepConfigError(
+            f"grid keys {unknown} are not trial fields; use {', '.join(TRIAL_FIELDS)}"
+        )
+    axes = {k: v if isinstance(v, list | tuple) else [v] for k, v in grid.items()}
+    empty = [k for k, v in axes.items() if not v]
+    if empty:
+        raise SweepConfigError(f"grid.{empty[0]} is an empty list; give at least one value")
+    if math.prod(len(v) for v in axes.values()) > MAX_TRIALS:
+        raise SweepConfigError(f"the grid expands to more than {MAX_TRIALS} trials")
+    return [dict(zip(axes, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def build_trials(
+    grid: Mapping[str, Any] | None,
+    trials: Sequence[Mapping[str, Any]] | None,
+    defaults: Mapping[str, Any],
+) -> list[TrialSpec]:
+    """Trials from a grid or an explicit list, each completed with `defaults` and checked."""
+    if (grid is None) == (trials is None):
+        raise SweepConfigError(
+            'pass exactly one of grid= (e.g. {"batch_size": [512, 2048], "lr": [0.001, '
+            '0.01]}) or trials= (e.g. [{"lr": 0.001}, {"lr": 0.01}])'
+        )
+    overrides = expand_grid(grid) if grid is not None else list(trials or [])
+    if not overrides:
+        raise SweepConfigError("trials= is an empty list; give at least one trial")
+    if len(overrides) > MAX_TRIALS:
+        raise SweepConfigError(f"{len(overrides)} trials given; at most {MAX_TRIALS}")
+    specs = []
+    for index, override in enumerate(overrides):
+        if not isinstance(override, Mapping):
+            error = f"trials[{index}]={override!r}: must be an object of trial fields"
+            specs.append(TrialSpec(index, {}, None, (error,)))
+            continue
+        specs.append(validate_trial(index, {**defaults, **override}))
+    return specs

@@ -1,0 +1,68 @@
+"""What one trial runs on its ranks: the pet-name training plus the sweep's own metrics."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
+from ddpflow.distributed.context import RankContext
+from ddpflow.train_loop import EpochStats
+
+ELAPSED_METRIC = "elapsed_s"
+FINAL_VAL_LOSS_METRIC = "final_val_loss"
+
+
+class InjectedFault(RuntimeError):
+    """Raised on purpose by a trial with `fail_after_epochs` (tests of failure handling)."""
+
+
+@dataclass(frozen=True)
+class TrialJob:
+    """A training job plus the sweep-only fault-injection knob; crosses to every rank."""
+
+    train: CharLMTrainJob
+    fail_after_epochs: int | None = None
+
+
+def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
+    """(epoch, training seconds since the trial started): the seed's `elapsed_time_sec`.
+
+    It sums the epochs' training time, so validation and checkpoint writes (the same cost
+    for every trial of a model size) do not blur the comparison of batch sizes and rates.
+    """
+    totals = itertools.accumulate(s.epoch_time_s for s in history)
+    return [(s.epoch, total) for s, total in zip(history, totals, strict=True)]
+
+
+def trial_rank(ctx: RankContext, job: TrialJob) -> TrainResult:
+    """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
+    train_job = job.train
+    if job.fail_after_epochs is not None:
+        train_job = replace(train_job, epochs=job.fail_after_epochs)
+    result = train_rank(ctx, train_job)
+    if ctx.is_main:
+        _log_trial_metrics(train_job, result.history, final=job.fail_after_epochs is None)
+    if job.fail_after_epochs is not None:
+        # Every rank raises, as a crashed trial would; its partial metrics stay in MLflow.
+        raise InjectedFault(
+            f"injected fault after epoch {job.fail_after_epochs} of {job.train.epochs} "
+            f"(fail_after_epochs={job.fail_after_epochs})"
+        )
+    return result
+
+
+def _log_trial_metrics(job: CharLMTrainJob, history: Sequence[EpochStats], final: bool) -> None:
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric(ELAPSED_METRIC, s, now_ms, epoch) for epoch, s in elapsed_by_epoch(history)]
+    if final and history:
+        # The last epoch's holdout loss (full holdout, eval mode): what trials are ranked by.
+        last = history[-1]
+        metrics.append(Metric(FINAL_VAL_LOSS_METRIC, last.val_loss, now_ms, last.epoch))
+    if metrics:
+        MlflowClient(job.run.tracking_uri).log_batch(job.run.run_id, metrics=metrics)

@@ -1,0 +1,133 @@
+"""The pet-name pipeline shared by the train and retrain flows.
+
+download -> format -> train (DDP) -> evaluate -> register, inside the calling flow (its task
+runner and its flow run), with pre-flight first and exactly one MLflow run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect.runtime import flow_run
+
+from ddpflow import storage
+from ddpflow.charlm.data import FormattedCorpus
+from ddpflow.charlm.model import CharLSTMConfig
+from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.config import Settings
+from ddpflow.redact import redact_url
+from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from flows.params import CharLMParams
+from flows.preflight import run_preflight
+from flows.summary import mlflow_ui_hint
+from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
+
+
+@dataclass(frozen=True)
+class CharLMSummary:
+    run_id: str
+    final_val_loss: float
+    names: list[str]
+    novel_fraction: float
+    checkpoint_uri: str
+    checkpoint_dir: str
+    model_version: str
+    world_size: int
+
+    def render(self, settings: Settings, experiment_id: str | None = None) -> str:
+        return "\n".join(
+            [
+                "",
+                "ddpflow: pet-name model trained",
+                f"  MLflow run id      {self.run_id}",
+                f"  world size         {self.world_size} ranks",
+                f"  final val loss     {self.final_val_loss:.4f}",
+                f"  generated names    {', '.join(n or '(empty)' for n in self.names)}",
+                f"  novel names        {self.novel_fraction:.0%} not in the training set",
+                f"  checkpoints        {self.checkpoint_dir}",
+                f"  latest checkpoint  {self.checkpoint_uri}",
+                f"  registered model   version {self.model_version}",
+                f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
+                "",
+            ]
+        )
+
+
+def run_charlm_pipeline(
+    params: CharLMParams, settings: Settings, tags: dict[str, str] | None = None
+) -> tuple[CharLMSummary, RunRef, FormattedCorpus]:
+    """Run every step; the MLflow run is FINISHED on success and FAILED on any error."""
+    # Pre-flight: an unusable store, tracking server or cluster fails before any work.
+    ranks = run_preflight(settings, params.world_size)
+    raw = download_corpus.submit(params.source, settings.artifact_root).result()
+    corpus = format_training_data.submit(
+        raw.uri, settings.artifact_root, params.holdout_fraction
+    ).result()
+    print(
+        f"corpus: {corpus.num_train_names} train / {corpus.num_val_names} holdout names, "
+        f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
+    )
+    run = start_run(
+        settings.tracking_uri,
+        params.experiment,
+        run_name=f"charlm-{flow_run.get_id()}",
+        params={
+            **params.model_dump(),
+            "source": redact_url(params.source),
+            "world_size": len(ranks),
+            "data_sha256": raw.sha256,
+            "num_train_samples": corpus.num_train_samples,
+        },
+        tags={
+            "prefect.flow_run_id": str(flow_run.get_id()),
+            "ddpflow.workload": "charlm",
+            **(tags or {}),
+        },
+        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+    )
+    # Everything a run writes lives under its own folder: concurrent runs never collide.
+    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
+    try:
+        summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
+    except BaseException:
+        end_run(run, failed=True)
+        raise
+    end_run(run)
+    return summary, run, corpus
+
+
+def _train_evaluate_register(
+    params: CharLMParams, corpus: FormattedCorpus, run: RunRef, run_dir: str, world_size: int
+) -> CharLMSummary:
+    model_config = CharLSTMConfig(
+        hidden_size=params.hidden_size, num_layers=params.num_layers, dropout=params.dropout
+    )
+    checkpoint_dir = storage.join(run_dir, "checkpoints")
+    job = CharLMTrainJob(
+        train_uri=corpus.train_uri,
+        val_uri=corpus.val_uri,
+        model=model_config,
+        epochs=params.epochs,
+        batch_size=params.batch_size,
+        lr=params.lr,
+        seed=params.seed,
+        checkpoint_root=checkpoint_dir,
+        keep_last=params.keep_last,
+        run=run,
+    )
+    trained = train_ddp(job, world_size, params.rank_timeout_s)
+    checkpoint = trained.latest_checkpoint
+    evaluation = evaluate.submit(
+        run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
+    ).result()
+    version = register.submit(run, checkpoint, params.model_name).result()
+    return CharLMSummary(
+        run_id=run.run_id,
+        final_val_loss=evaluation.val_loss,
+        names=evaluation.names,
+        novel_fraction=evaluation.novel_fraction,
+        checkpoint_uri=checkpoint,
+        checkpoint_dir=checkpoint_dir,
+        model_version=version,
+        world_size=world_size,
+    )

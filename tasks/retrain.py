@@ -1,0 +1,53 @@
+"""The champion/challenger step of the retraining flow."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.charlm.champion import Decision, apply, champion_version, decide, holdout_loss
+from ddpflow.tracking import RunRef
+
+
+@task(name="score-and-promote")
+def score_and_promote(
+    run: RunRef, model_name: str, challenger_version: str, val_uri: str, margin: float
+) -> Decision:
+    """Score challenger and champion on the same holdout; move `champion` only if better."""
+    uri = run.tracking_uri
+    champion = champion_version(uri, model_name)
+    challenger_loss = holdout_loss(uri, f"models:/{model_name}/{challenger_version}", val_uri)
+    champion_loss = (
+        holdout_loss(uri, f"models:/{model_name}/{champion}", val_uri) if champion else None
+    )
+    promoted, reason = decide(challenger_loss, champion_loss, margin)
+    decision = Decision(
+        promoted, reason, challenger_version, challenger_loss, champion, champion_loss, margin
+    )
+    apply(uri, model_name, run.run_id, decision)
+    create_markdown_artifact(
+        markdown=decision_markdown(model_name, run, decision),
+        key="charlm-retrain-decision",
+        description="champion/challenger decision",
+    )
+    return decision
+
+
+def decision_markdown(model_name: str, run: RunRef, decision: Decision) -> str:
+    champion = (
+        f"v{decision.champion_version}: {decision.champion_loss:.4f}"
+        if decision.champion_version
+        else "none"
+    )
+    verdict = "**promoted**" if decision.promoted else "**kept the champion**"
+    return (
+        f"# Retraining decision for `{model_name}`: {verdict}\n\n"
+        f"| | |\n|---|---|\n"
+        f"| challenger | v{decision.challenger_version}: {decision.challenger_loss:.4f} |\n"
+        f"| champion before | {champion} |\n"
+        f"| margin | {decision.margin:g} |\n"
+        f"| reason | {decision.reason} |\n"
+        f"| challenger MLflow run | `{run.run_id}` |\n\n"
+        "Scores are the mean per-character loss of each registered model on the same fixed "
+        "holdout (lower is better).\n"
+    )

@@ -1,0 +1,45 @@
+"""Prefect tasks for the sweep: each calls ddpflow and returns small typed results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.artifacts import create_table_artifact
+
+from ddpflow.charlm.training import TrainResult
+from ddpflow.distributed import launch
+from ddpflow.sweep import TrialJob, trial_rank
+from flows.runner import current_dask_client
+
+TABLE_KEY = "charlm-sweep"
+
+
+@task(name="train-trial", task_run_name="train-trial-{index}")
+def train_trial(
+    index: int, job: TrialJob, workers: list[str], rank_timeout_s: float
+) -> TrainResult:
+    """One trial's DDP group on its own workers.
+
+    Called directly from a flow thread (not .submit): the launcher must run in the flow
+    process, never in a task that holds a worker thread.
+    """
+    results = launch(
+        current_dask_client(),
+        trial_rank,
+        job,
+        world_size=len(workers),
+        workers=workers,
+        timeout_s=rank_timeout_s,
+    )
+    return results[0]
+
+
+@task(name="publish-sweep-table")
+def publish_table(rows: list[dict[str, Any]], parent_run_id: str) -> None:
+    """The ranking as a Prefect table artifact (latest version under one key)."""
+    create_table_artifact(
+        table=rows,
+        key=TABLE_KEY,
+        description=f"pet-name sweep, trials ranked by validation loss (MLflow {parent_run_id})",
+    )

@@ -1,0 +1,153 @@
+"""Deployments for real: the local stack (Prefect server + process worker, Dask scheduler and
+workers, MLflow server, moto S3), `prefect deploy` from deployments/prefect.yaml, and
+`prefect deployment run ... --watch` as a user types it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+import infra.stack
+from infra.state import client_env
+from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+TINY = {"hidden_size": 32, "num_layers": 1, "batch_size": 2048, "num_names": 5}
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
+    """The stack with distinctive (fake) AWS keys, so a leaked credential can be found."""
+    stack_dir = tmp_path_factory.mktemp("stack")
+    patch = pytest.MonkeyPatch()
+    patch.setattr(
+        infra.stack,
+        "client_env",
+        lambda ports: {
+            **client_env(ports),
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        },
+    )
+    try:
+        state = infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
+        yield state.env
+    finally:
+        infra.stack.stop_stack(stack_dir)
+        patch.undo()
+
+
+def prefect(env: dict[str, str], *args: str, timeout_s: float = 400) -> str:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PREFECT_", "MLFLOW_", "DDPFLOW_", "AWS_"))
+    }
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        cwd=REPO,
+        # PWD is what `prefect deploy` records as the flows' working directory.
+        env={**clean, **env, "PWD": str(REPO), "PREFECT_CLI_WRAP_LINES": "false"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"prefect {' '.join(args)} failed:\n{output[-4000:]}"
+    return output
+
+
+def run_deployment(env: dict[str, str], name: str, **params: object) -> str:
+    flags = [arg for k, v in params.items() for arg in ("--param", f"{k}={v}")]
+    return prefect(env, "deployment", "run", name, *flags, "--watch", "--watch-timeout", "300")
+
+
+@pytest.fixture(scope="module")
+def deployed(stack) -> dict[str, str]:
+    prefect(stack, "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
+    return stack
+
+
+def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
+    output = run_deployment(deployed, "train-charlm/charlm-ddp", epochs=1, **TINY)
+    assert "Completed" in output
+    client = MlflowClient(deployed["MLFLOW_TRACKING_URI"])
+    runs = client.search_runs(
+        [client.get_experiment_by_name("ddpflow-charlm").experiment_id],
+        filter_string="tags.`ddpflow.workload` = 'charlm'",
+    )
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.data.metrics["val_loss"] > 0 and "samples_per_s" in run.data.metrics
+    versions = client.search_model_versions("name='ddpflow-charlm'")
+    assert [v.run_id for v in versions] == [run.info.run_id]
+
+    flow_run = json.loads(
+        prefect(
+            deployed,
+            "flow-run",
+            "inspect",
+            run.data.tags["prefect.flow_run_id"],
+            "--output",
+            "json",
+        )
+    )
+    logs = prefect(deployed, "flow-run", "logs", run.data.tags["prefect.flow_run_id"])
+    recorded = json.dumps(flow_run) + logs + json.dumps(run.data.params)
+    assert ACCESS_KEY not in recorded and SECRET_KEY not in recorded
+
+
+def test_retrain_schedule_and_concurrency_limit_are_registered(deployed):
+    info = json.loads(
+        prefect(
+            deployed,
+            "deployment",
+            "inspect",
+            "retrain-charlm/charlm-retrain-nightly",
+            "--output",
+            "json",
+        )
+    )
+    schedule = info["schedules"][0]["schedule"]
+    assert schedule["cron"] == "0 3 * * *" and schedule["timezone"] == "Europe/Berlin"
+    assert info["global_concurrency_limit"]["limit"] == 1
+    assert info["concurrency_options"]["collision_strategy"] == "ENQUEUE"
+
+
+def test_retrain_promotes_only_a_better_challenger(deployed):
+    client = MlflowClient(deployed["MLFLOW_TRACKING_URI"])
+    name = "ddpflow-charlm-retrain"
+
+    def retrain(**params: object) -> str:
+        run_deployment(
+            deployed, "retrain-charlm/charlm-retrain-nightly", model_name=name, **TINY, **params
+        )
+        return client.get_model_version_by_alias(name, "champion").version
+
+    first = retrain(epochs=1, lr=0.01)  # no champion yet: promoted
+    assert retrain(epochs=1, lr=0.00001) == first, "a worse challenger leaves champion alone"
+    better = retrain(epochs=3, lr=0.01)
+    assert better != first, "a better challenger takes the alias"
+
+    runs = {
+        r.data.tags.get("ddpflow.retrain.challenger_version"): r
+        for r in client.search_runs(
+            [client.get_experiment_by_name("ddpflow-charlm").experiment_id],
+            filter_string="tags.`ddpflow.role` = 'challenger'",
+        )
+    }
+    assert runs[better].data.tags["ddpflow.retrain.promoted"] == "True"
+    worse = next(r for v, r in runs.items() if v not in (first, better))
+    assert worse.data.tags["ddpflow.retrain.promoted"] == "False"
+    assert float(worse.data.tags["ddpflow.retrain.challenger_loss"]) > float(
+        worse.data.tags["ddpflow.retrain.champion_loss"]
+    )

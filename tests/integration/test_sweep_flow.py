@@ -1,0 +1,201 @@
+"""The sweep flow end to end: tiny trials on a 2-worker LocalCluster, MLflow, Prefect.
+
+Five trials: three that train, one invalid (rejected before it starts) and one that crashes
+mid-training (fault injection). The bad two are reported; the other three still complete.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.integration.conftest import project_env, run_flow
+
+pytestmark = pytest.mark.integration
+
+EXPERIMENT = "sweep-test"
+MODEL = "sweep-test-model"
+TRIALS = [
+    {"lr": 0.01, "hidden_size": 32},
+    {"lr": 0.002},
+    {"lr": 0.005, "batch_size": 4096},
+    {"lr": -1},  # invalid: never launched
+    {"fail_after_epochs": 1},  # crashes after its first epoch
+]
+ARGS = [
+    "--trials",
+    json.dumps(TRIALS),
+    "--epochs",
+    "2",
+    "--hidden-size",
+    "16",
+    "--num-layers",
+    "1",
+    "--batch-size",
+    "2048",
+    "--experiment",
+    EXPERIMENT,
+    "--model-name",
+    MODEL,
+    "--promote",
+    "true",
+]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory) -> dict:
+    project = tmp_path_factory.mktemp("sweep")
+    result = run_flow("sweep_charlm", ARGS, project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    runs = client.search_runs([experiment.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = {
+        int(r.data.tags["ddpflow.trial"]): r for r in runs if "mlflow.parentRunId" in r.data.tags
+    }
+    return {
+        "project": project,
+        "out": result.stdout + result.stderr,
+        "client": client,
+        "parents": parents,
+        "children": children,
+    }
+
+
+def _steps(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_one_parent_run_and_a_child_run_per_trial(swept) -> None:
+    assert len(swept["parents"]) == 1
+    parent = swept["parents"][0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["ddpflow.workload"] == "charlm-sweep"
+    assert json.loads(parent.data.params["trials"]) == TRIALS
+    children = swept["children"]
+    assert sorted(children) == [0, 1, 2, 3, 4]
+    assert {c.data.tags["mlflow.parentRunId"] for c in children.values()} == {parent.info.run_id}
+
+
+def test_three_trials_complete_with_their_metrics(swept) -> None:
+    client = swept["client"]
+    for index in (0, 1, 2):
+        run = swept["children"][index]
+        assert run.info.status == "FINISHED", index
+        assert run.data.params["lr"] == str(TRIALS[index]["lr"])
+        val = _steps(client, run.info.run_id, "val_loss")
+        elapsed = _steps(client, run.info.run_id, "elapsed_s")
+        assert [s for s, _ in val] == [1, 2] and [s for s, _ in elapsed] == [1, 2]
+        assert 0 < elapsed[0][1] < elapsed[1][1], "elapsed seconds accumulate"
+        assert [s for s, _ in _steps(client, run.info.run_id, "epoch_train_loss")] == [1, 2]
+        assert run.data.metrics["final_val_loss"] == pytest.approx(val[-1][1])
+
+
+def test_invalid_trial_is_failed_naming_the_field_and_never_trained(swept) -> None:
+    run = swept["children"][3]
+    assert run.info.status == "FAILED"
+    assert "trials[3].lr=-1: must be > 0" in run.data.tags["ddpflow.error"]
+    assert run.data.tags["ddpflow.failure"] == "invalid"
+    assert run.data.metrics == {}
+    assert "trial-3 rejected" in swept["out"]
+
+
+def test_trial_crashing_mid_training_is_failed_with_its_error(swept) -> None:
+    run = swept["children"][4]
+    assert run.info.status == "FAILED"
+    assert "InjectedFault" in run.data.tags["ddpflow.error"]
+    assert run.data.tags["ddpflow.failure"] == "crash"
+    assert [s for s, _ in _steps(swept["client"], run.info.run_id, "val_loss")] == [1]
+
+
+def _training_interval(client: MlflowClient, run_id: str) -> tuple[int, int]:
+    # From the first logged step to the last epoch's validation: the run's own end time
+    # moves when the best trial's model is logged to it after the sweep.
+    first = min(m.timestamp for m in client.get_metric_history(run_id, "train_loss"))
+    last = max(m.timestamp for m in client.get_metric_history(run_id, "val_loss"))
+    return first, last
+
+
+def test_trials_ran_concurrently_but_never_more_than_the_workers(swept) -> None:
+    client = swept["client"]
+    trained = [swept["children"][i] for i in (0, 1, 2, 4)]
+    events = []
+    for run in trained:
+        start, end = _training_interval(client, run.info.run_id)
+        events += [(start, 1), (end, -1)]
+    running, peak = 0, 0
+    for _, change in sorted(events):
+        running += change
+        peak = max(peak, running)
+    assert peak == 2, "two workers: two trials at once, the others queued"
+    workers = [run.data.tags["ddpflow.workers"] for run in trained]
+    assert len(set(workers)) == 2, workers
+
+
+def test_plots_are_artifacts_of_the_parent_run(swept) -> None:
+    client, parent = swept["client"], swept["parents"][0]
+    paths = {a.path for a in client.list_artifacts(parent.info.run_id, "sweep")}
+    assert {"sweep/loss_vs_epoch.png", "sweep/loss_vs_elapsed.png", "sweep/trials.json"} <= paths
+    for name in ("loss_vs_epoch.png", "loss_vs_elapsed.png"):
+        local = client.download_artifacts(parent.info.run_id, f"sweep/{name}")
+        with open(local, "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+
+
+def test_best_trial_is_registered_tagged_and_promoted(swept) -> None:
+    client = swept["client"]
+    completed = [swept["children"][i] for i in (0, 1, 2)]
+    best = min(completed, key=lambda r: r.data.metrics["final_val_loss"])
+    versions = client.search_model_versions(f"name='{MODEL}'")
+    assert [v.run_id for v in versions] == [best.info.run_id]
+    assert best.data.tags["ddpflow.retrain.promoted"] == "True"  # the retraining rule ran
+    assert client.get_model_version_by_alias(MODEL, "champion").version == versions[0].version
+    assert swept["parents"][0].data.tags["ddpflow.best_run_id"] == best.info.run_id
+    assert f"run {best.info.run_id}" in swept["out"]
+
+
+def test_ranking_is_a_prefect_table_artifact(swept) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-sweep"],
+        # Wide enough that the pretty-printer does not wrap inside the table's JSON.
+        env={**project_env(swept["project"]), "COLUMNS": "10000"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = " ".join(result.stdout.split())
+    assert "'type': 'table'" in out
+    for run in swept["children"].values():
+        assert run.info.run_id in out
+    assert "trials[3].lr=-1: must be > 0" in out
+
+
+def test_a_trial_can_be_a_ddp_group_of_two_workers(tmp_path) -> None:
+    args = ARGS[2:]  # same tiny defaults, one trial of 1 epoch
+    trials = json.dumps([{"lr": 0.01, "epochs": 1}])
+    result = run_flow(
+        "sweep_charlm", ["--trials", trials, *args, "--ranks-per-trial", "2"], tmp_path
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    child = client.search_runs([experiment.experiment_id], "tags.`ddpflow.trial` = '0'")[0]
+    assert child.info.status == "FINISHED"
+    assert child.data.params["world_size"] == "2"
+    assert len(child.data.tags["ddpflow.workers"].split()) == 2
+    assert "up to 1 at a time on 2 workers" in result.stdout + result.stderr
+
+
+def test_ranks_per_trial_larger_than_the_cluster_fails_before_any_work(tmp_path) -> None:
+    result = run_flow("sweep_charlm", [*ARGS, "--ranks-per-trial", "3"], tmp_path)
+    assert result.returncode == 1
+    assert "ranks_per_trial=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
+    assert not (tmp_path / "artifacts").exists()

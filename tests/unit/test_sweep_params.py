@@ -1,0 +1,72 @@
+"""Sweep flow parameters, their command line (JSON and bool options) and the champion rule."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+import pytest
+
+from flows.cli import _arg_type
+from flows.params import ParameterError, SweepParams, validate_params
+
+VALID: dict[str, Any] = {
+    "source": " /data/pets.json ",
+    "grid": {"batch_size": [512, 2048], "lr": [0.001, 0.01]},
+    "trials": None,
+    "epochs": 2,
+    "batch_size": 512,
+    "lr": 0.005,
+    "hidden_size": 32,
+    "num_layers": 1,
+    "dropout": 0.1,
+    "seed": 0,
+    "ranks_per_trial": 1,
+    "holdout_fraction": 0.1,
+    "keep_last": 1,
+    "rank_timeout_s": 120.0,
+    "model_name": "m",
+    "experiment": "e",
+    "promote": False,
+}
+
+
+def test_valid_sweep_parameters_pass() -> None:
+    params = validate_params(SweepParams, dict(VALID))
+    assert params.source == "/data/pets.json"
+    assert params.grid == {"batch_size": [512, 2048], "lr": [0.001, 0.01]}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("ranks_per_trial", 0), ("lr", -1), ("epochs", 0), ("keep_last", 0)]
+)
+def test_bad_defaults_fail_the_sweep_naming_the_field(field: str, value: Any) -> None:
+    with pytest.raises(ParameterError, match=f"{field}={value!r}"):
+        validate_params(SweepParams, {**VALID, field: value})
+
+
+def test_unknown_parameter_is_rejected() -> None:
+    with pytest.raises(ParameterError, match="world_size"):
+        validate_params(SweepParams, {**VALID, "world_size": 2})
+
+
+def _parse(annotation: Any, text: str) -> Any:
+    return _arg_type(annotation)(text)
+
+
+def test_cli_parses_json_for_dict_and_list_parameters() -> None:
+    assert _parse(dict[str, list[Any]] | None, '{"lr": [0.1, 0.2]}') == {"lr": [0.1, 0.2]}
+    assert _parse(list[dict[str, Any]] | None, '[{"lr": 0.1}]') == [{"lr": 0.1}]
+    with pytest.raises(argparse.ArgumentTypeError, match="not valid JSON"):
+        _parse(dict[str, list[Any]] | None, "{lr: 0.1}")
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("False", False), ("1", True)])
+def test_cli_parses_bools_properly(text: str, value: bool) -> None:
+    assert _parse(bool, text) is value
+
+
+def test_cli_scalar_types_are_unchanged() -> None:
+    assert _arg_type(int | None) is int
+    assert _arg_type(float) is float
+    assert _arg_type(str) is str
