@@ -117,6 +117,14 @@ def start_run(
     return RunRef(tracking_uri, run.info.run_id)
 
 
+def log_restart(run: RunRef, attempt: int, cause: str) -> None:
+    """Count restarts on the training's one run (its metrics simply continue afterwards)."""
+    client = MlflowClient(run.tracking_uri)
+    client.set_tag(run.run_id, "ddpflow.restarts", str(attempt))
+    client.set_tag(run.run_id, f"ddpflow.restart.{attempt}.cause", cause[:MAX_PARAM_LEN])
+    client.log_metric(run.run_id, "restarts", attempt, step=attempt)
+
+
 def end_run(run: RunRef, failed: bool = False) -> None:
     MlflowClient(run.tracking_uri).set_terminated(run.run_id, "FAILED" if failed else "FINISHED")
 

@@ -3,13 +3,17 @@
 Works unchanged for 1 and N ranks: collectives on a group of one are no-ops, and the only
 rank-dependent behaviour (logging, checkpoint writes) comes in through `logger` (a no-op on
 ranks other than 0) and `save_checkpoint`, which is called on rank 0 only.
+
+Optional `FitHooks` let a workload add what its loop needs without a second loop: its own
+validation (e.g. loss and accuracy in one pass), extra per-step metrics (accuracy, lr) and an
+end-of-epoch step (e.g. ReduceLROnPlateau), which runs before the epoch's checkpoint.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -22,6 +26,8 @@ from ddpflow.tracking import MetricLogger
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 ToBatch = Callable[[torch.Tensor], Batch]
+Evaluate = Callable[[nn.Module], Mapping[str, float]]
+StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,24 @@ class EpochStats:
     val_loss: float
     samples_per_s: float
     epoch_time_s: float
+    val_metrics: dict[str, float] = field(default_factory=dict)  # besides val_loss (hooks)
+
+
+@dataclass(frozen=True)
+class FitHooks:
+    """Optional additions to fit(). Each is called on every rank, so collectives are allowed.
+
+    evaluate: replaces evaluate_loss; gets the unwrapped model and returns metrics that are
+        identical on every rank (all-reduced), including "val_loss".
+    step_metrics: extra training metrics from one step's (logits, targets), e.g. accuracy;
+        averaged over the logging window like train_loss.
+    on_epoch_end: called after validation and before the checkpoint, so state it changes
+        (a scheduler's) is in that epoch's checkpoint.
+    """
+
+    evaluate: Evaluate | None = None
+    step_metrics: StepMetrics | None = None
+    on_epoch_end: Callable[[EpochStats], None] | None = None
 
 
 def fit(
@@ -53,11 +77,16 @@ def fit(
     logger: MetricLogger,
     save_checkpoint: Callable[[int], None],
     plan: FitPlan,
+    hooks: FitHooks | None = None,
 ) -> list[EpochStats]:
     """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints."""
+    hooks = hooks or FitHooks()
     history = []
     steps_per_epoch = len(_batches(train_data, plan, ctx, 0))
     for epoch in range(plan.start_epoch, plan.epochs):
+        # Dropout (and any other torch RNG use) depends only on (seed, rank, epoch): a run
+        # resumed from an epoch's checkpoint continues exactly as if never interrupted.
+        torch.manual_seed(epoch_seed(plan.seed, ctx.rank, epoch))
         started = time.perf_counter()
         train_loss, num_samples = _train_epoch(
             model,
@@ -69,19 +98,17 @@ def fit(
             plan,
             epoch,
             first_step=epoch * steps_per_epoch,
+            step_metrics=hooks.step_metrics,
         )
         elapsed = time.perf_counter() - started
-        val_loss = evaluate_loss(unwrap(model), val_data, to_batch, ctx, plan.eval_batch_size)
-        stats = EpochStats(epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed)
-        logger.log_metrics(
-            {
-                "epoch_train_loss": stats.train_loss,
-                "val_loss": stats.val_loss,
-                "epoch_samples_per_s": stats.samples_per_s,
-                "epoch_time_s": stats.epoch_time_s,
-            },
-            step=stats.epoch,
+        val_metrics = _validate(model, val_data, to_batch, ctx, plan, hooks)
+        val_loss = val_metrics.pop("val_loss")
+        stats = EpochStats(
+            epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed, val_metrics
         )
+        _log_epoch(logger, stats)
+        if hooks.on_epoch_end is not None:
+            hooks.on_epoch_end(stats)
         if ctx.is_main:
             save_checkpoint(stats.epoch)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
@@ -90,36 +117,80 @@ def fit(
     return history
 
 
+def epoch_seed(seed: int, rank: int, epoch: int) -> int:
+    return (seed * 1_000_003 + rank * 7919 + epoch) % (2**63)
+
+
+def _validate(model, val_data, to_batch, ctx, plan, hooks: FitHooks) -> dict[str, float]:
+    if hooks.evaluate is not None:
+        metrics = dict(hooks.evaluate(unwrap(model)))
+        if "val_loss" not in metrics:
+            raise ValueError(f"FitHooks.evaluate must return 'val_loss', got {sorted(metrics)}")
+        return metrics
+    return {"val_loss": evaluate_loss(unwrap(model), val_data, to_batch, ctx, plan.eval_batch_size)}
+
+
+def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
+    logger.log_metrics(
+        {
+            "epoch_train_loss": stats.train_loss,
+            "val_loss": stats.val_loss,
+            "epoch_samples_per_s": stats.samples_per_s,
+            "epoch_time_s": stats.epoch_time_s,
+            **stats.val_metrics,
+        },
+        step=stats.epoch,
+    )
+
+
 def _batches(data: torch.Tensor, plan: FitPlan, ctx: RankContext, epoch: int) -> list:
     return epoch_batches(len(data), plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch)
 
 
-def _train_epoch(model, optimizer, data, to_batch, ctx, logger, plan, epoch, first_step):
+class _Window:
+    """Sums over the steps between two per-step log lines."""
+
+    def __init__(self) -> None:
+        self.loss, self.samples, self.steps = 0.0, 0, 0
+        self.extra: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    def add(self, loss: float, samples: int, extra: Mapping[str, float]) -> None:
+        self.loss += loss
+        self.samples += samples
+        self.steps += 1
+        for key, value in extra.items():
+            self.extra[key] = self.extra.get(key, 0.0) + float(value)
+
+    def metrics(self, world_size: int) -> dict[str, float]:
+        return {
+            "train_loss": self.loss / self.steps,
+            # Ranks step in lockstep, so rank 0's rate times the world size is global.
+            "samples_per_s": self.samples * world_size / (time.perf_counter() - self.start),
+            **{key: total / self.steps for key, total in self.extra.items()},
+        }
+
+
+def _train_epoch(
+    model, optimizer, data, to_batch, ctx, logger, plan, epoch, first_step, step_metrics=None
+):
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
-    window_loss, window_samples, window_start = 0.0, 0, time.perf_counter()
+    window = _Window()
     for i, index in enumerate(_batches(data, plan, ctx, epoch)):
         x, y = to_batch(data[index])
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        _, loss = model(x, y)
+        logits, loss = model(x, y)
         loss.backward()
         optimizer.step()
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)
-        window_loss += batch_loss
-        window_samples += len(index)
+        extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
+        window.add(batch_loss, len(index), extra)
         if (i + 1) % plan.log_every_steps == 0:
-            window_s = time.perf_counter() - window_start
-            logger.log_metrics(
-                {
-                    "train_loss": window_loss / plan.log_every_steps,
-                    # Ranks step in lockstep, so rank 0's rate times the world size is global.
-                    "samples_per_s": window_samples * ctx.world_size / window_s,
-                },
-                step=first_step + i + 1,
-            )
-            window_loss, window_samples, window_start = 0.0, 0, time.perf_counter()
+            logger.log_metrics(window.metrics(ctx.world_size), step=first_step + i + 1)
+            window = _Window()
     _all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
 

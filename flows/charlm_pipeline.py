@@ -115,7 +115,9 @@ def _train_evaluate_register(
         keep_last=params.keep_last,
         run=run,
     )
-    trained = train_ddp(job, world_size, params.rank_timeout_s)
+    trained = train_ddp(
+        job, world_size, params.rank_timeout_s, params.max_restarts, params.min_workers
+    )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(
         run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")

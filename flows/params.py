@@ -29,6 +29,8 @@ class CharLMParams(BaseModel):
     rank_timeout_s: float = Field(gt=0)
     model_name: str = Field(min_length=1)
     experiment: str = Field(min_length=1)
+    max_restarts: int = Field(default=2, ge=0, le=100)
+    min_workers: int | None = Field(default=None, ge=1, description="None: the world size")
 
     # Before the length check, so a blank source is rejected rather than stripped to "".
     @field_validator("source", mode="before")

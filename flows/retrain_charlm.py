@@ -39,6 +39,8 @@ def retrain_charlm(
     rank_timeout_s: float = 120.0,
     model_name: str = "ddpflow-charlm",
     experiment: str = "ddpflow-charlm",
+    max_restarts: int = 2,
+    min_workers: int | None = None,
     margin: float = 0.0,
 ) -> Decision:
     """Train a challenger and promote it to `champion` only if it is better by `margin`."""

@@ -32,6 +32,8 @@ def train_charlm(
     rank_timeout_s: float = 120.0,
     model_name: str = "ddpflow-charlm",
     experiment: str = "ddpflow-charlm",
+    max_restarts: int = 2,
+    min_workers: int | None = None,
 ) -> CharLMSummary:
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     params = validate_params(CharLMParams, dict(locals()))

@@ -15,8 +15,8 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
-from ddpflow.distributed import launch
-from ddpflow.tracking import RunRef
+from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.tracking import RunRef, log_restart
 from flows.runner import current_dask_client
 
 
@@ -35,12 +35,47 @@ def format_training_data(
 
 
 @task(name="train-ddp")
-def train_ddp(job: CharLMTrainJob, world_size: int | None, rank_timeout_s: float) -> TrainResult:
-    """Run one DDP group; call it directly from the flow (not .submit) so it runs there."""
-    results = launch(
-        current_dask_client(), train_rank, job, world_size=world_size, timeout_s=rank_timeout_s
+def train_ddp(
+    job: CharLMTrainJob,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int = 2,
+    min_workers: int | None = None,
+) -> TrainResult:
+    """Run one DDP group, healed and resumed from its checkpoint after a failure.
+
+    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
+    """
+    results, restarts = launch_with_restarts(
+        current_dask_client(),
+        train_rank,
+        job,
+        world_size=world_size,
+        min_workers=min_workers,
+        timeout_s=rank_timeout_s,
+        max_restarts=max_restarts,
+        on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
     )
+    if restarts:
+        create_markdown_artifact(
+            markdown=restarts_markdown(job.run, restarts),
+            key="charlm-restarts",
+            description="DDP group restarts",
+        )
     return results[0]
+
+
+def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
+    rows = "\n".join(
+        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.restarted_workers) or '-'} "
+        f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
+        for r in restarts
+    )
+    return (
+        f"# DDP restarts of MLflow run `{run.run_id}`\n\n"
+        "| restart | world size after | restarted (hung) workers | heal time | cause |\n"
+        f"|---|---|---|---|---|\n{rows}\n"
+    )
 
 
 @task(name="evaluate")

@@ -45,15 +45,21 @@ class TrainResult:
 
 
 def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
+    """Train, or resume from the latest complete checkpoint after a restart.
+
+    Resuming is exact: the data order is a function of (seed, epoch) and fit() reseeds the
+    dropout RNG from (seed, rank, epoch) at every epoch start, so weights, optimizer state and
+    the epoch number are all a checkpoint at an epoch boundary needs.
+    """
     torch.manual_seed(job.seed)  # same initial weights on every rank
     model = CharLSTM(job.model).to(ctx.device)
-    torch.manual_seed(job.seed + 7919 * ctx.rank)  # but independent dropout masks
+    optimizer = torch.optim.Adam(model.parameters(), lr=job.lr)
+    store = CheckpointStore(job.checkpoint_root, job.keep_last)
+    start_epoch = resume(store, model, optimizer)
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
-    optimizer = torch.optim.Adam(ddp_model.parameters(), lr=job.lr)
     logger = logger_for_rank(ctx.is_main, job.run)
-    store = CheckpointStore(job.checkpoint_root, job.keep_last)
 
     def save_checkpoint(epoch: int) -> None:
         state = build_state(
@@ -61,7 +67,15 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
             optimizer,
             epoch,
             job.model.to_dict(),
-            extra={"lr": job.lr, "batch_size": job.batch_size, "seed": job.seed},
+            extra={
+                "lr": job.lr,
+                "batch_size": job.batch_size,
+                "seed": job.seed,
+                # Where training stands: the next epoch starts at step 0 and its order is
+                # epoch_batches(seed, epoch, rank, world_size); RNG is reseeded per epoch.
+                "step_in_epoch": 0,
+                "data_order": {"seed": job.seed, "next_epoch": epoch, "world_size": ctx.world_size},
+            },
         )
         record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
 
@@ -78,11 +92,22 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
             epochs=job.epochs,
             batch_size=job.batch_size,
             seed=job.seed,
+            start_epoch=start_epoch,
             log_every_steps=job.log_every_steps,
         ),
     )
     latest = store.latest_uri() if ctx.is_main else None
     return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
+
+
+def resume(store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load the latest complete checkpoint into model and optimizer; the epoch to start at."""
+    if store.latest_uri() is None:
+        return 0
+    state = store.load()
+    model.load_state_dict(state["model_state"])
+    optimizer.load_state_dict(state["optimizer_state"])
+    return int(state["epoch"])
 
 
 def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:

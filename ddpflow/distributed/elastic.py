@@ -1,0 +1,138 @@
+"""Restarts: a failed rank group is healed and relaunched, up to `max_restarts` times.
+
+A rank group fails as a whole. A worker process that dies makes its peers' collectives fail
+in well under a second (gloo: "connection reset"), and a hung worker (e.g. SIGSTOP) makes them
+fail at the collective timeout. The launcher then cancels every rank future, including one
+pinned to a dead worker, which Dask would otherwise keep pending forever. Here the cluster is
+healed before the next attempt:
+- a worker that no longer answers a ping is restarted through its nanny;
+- a worker that died comes back from its nanny at a new address;
+- the next attempt waits until enough workers are registered.
+
+The rank function resumes from the latest complete checkpoint by itself. Each attempt plans
+its ranks anew on the workers that exist now.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import distributed
+
+from ddpflow.distributed.launcher import LaunchError, launch
+
+R = TypeVar("R")
+log = logging.getLogger(__name__)
+PING_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart: why the group failed and what was done about it."""
+
+    attempt: int
+    cause: str
+    failed_ranks: list[str]
+    restarted_workers: list[str]
+    world_size: int
+    heal_s: float
+
+
+class RestartsExhausted(LaunchError):
+    """The group failed once more than `max_restarts` allows."""
+
+
+def launch_with_restarts(
+    client: distributed.Client,
+    fn: Callable[..., R],
+    *args: Any,
+    world_size: int | None = None,
+    min_workers: int | None = None,
+    timeout_s: float = 120.0,
+    max_restarts: int = 2,
+    heal_timeout_s: float = 120.0,
+    on_restart: Callable[[Restart], None] | None = None,
+) -> tuple[list[R], list[Restart]]:
+    """launch() with healing and relaunch on failure; returns the results and the restarts.
+
+    `min_workers` (default: the world size) lets a relaunch continue with fewer ranks when
+    workers do not come back: each rank still takes `batch_size` samples per step, so the
+    global batch shrinks with the world size while the learning rate stays as configured.
+    """
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts={max_restarts} must be >= 0")
+    restarts: list[Restart] = []
+    size = world_size
+    while True:
+        try:
+            return launch(client, fn, *args, world_size=size, timeout_s=timeout_s), restarts
+        except LaunchError as error:
+            failed = [
+                f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
+            ]
+            if len(restarts) >= max_restarts:
+                raise RestartsExhausted(
+                    f"{error} (no restart left: max_restarts={max_restarts}, {len(restarts)} used)",
+                    error.failures,
+                ) from error
+            log.warning("DDP group failed (%s); healing the cluster and restarting", error)
+            started = time.monotonic()
+            restarted = heal(client, heal_timeout_s)
+            size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
+            restart = Restart(
+                len(restarts) + 1, str(error), failed, restarted, size, time.monotonic() - started
+            )
+            restarts.append(restart)
+            if on_restart is not None:
+                on_restart(restart)
+
+
+def heal(client: distributed.Client, timeout_s: float) -> list[str]:
+    """Restart every worker that does not answer a ping; returns their old addresses."""
+    hung = unresponsive_workers(client)
+    if hung:
+        log.warning("restarting unresponsive workers %s", hung)
+        client.restart_workers(hung, timeout=timeout_s, raise_for_error=False)
+    return hung
+
+
+def unresponsive_workers(
+    client: distributed.Client, timeout_s: float = PING_TIMEOUT_S
+) -> list[str]:
+    """Workers that do not run a trivial function within `timeout_s` (stopped, wedged)."""
+    workers = sorted(client.scheduler_info()["workers"])
+    if not workers:
+        return []
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(workers))
+    try:
+        pings = {w: pool.submit(client.run, _pong, workers=[w]) for w in workers}
+        concurrent.futures.wait(pings.values(), timeout=timeout_s)
+        return [w for w, ping in pings.items() if not ping.done() or ping.exception()]
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _pong() -> bool:
+    return True
+
+
+def _next_world_size(
+    client: distributed.Client, world_size: int | None, min_workers: int | None, timeout_s: float
+) -> int | None:
+    """Wait for the full group; settle for `min_workers` when the cluster stays smaller."""
+    wanted = world_size or len(client.scheduler_info()["workers"])
+    try:
+        client.wait_for_workers(wanted, timeout=timeout_s)
+        return world_size
+    except TimeoutError:
+        available = len(client.scheduler_info()["workers"])
+        floor = min_workers if min_workers is not None else wanted
+        if available >= max(1, floor):
+            log.warning("continuing with %d ranks instead of %d", available, wanted)
+            return available
+        raise

@@ -1,0 +1,1 @@
+"""Image classification by transfer learning: image folder, split, ResNet, training, reports."""

@@ -1,0 +1,153 @@
+"""An image folder over any fsspec root, `<root>/<class>/<image>`, listed with one call.
+
+Classes and sample order match torchvision's ImageFolder (class folders sorted by name,
+images with an image extension found recursively, sorted folder by folder), so a model
+trained here has the class indices a torchvision user expects. Reads go through
+ddpflow.storage (local folders, s3:// through s3fs) and images are decoded from bytes with
+PIL, so no file handle outlives a call and nothing here needs a forked process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS
+
+from ddpflow import storage
+from ddpflow.redact import redact_url
+
+MAX_KEYS_SHOWN = 10
+READ_CHUNK = 256  # objects fetched concurrently per request batch: bounds memory, not speed
+
+
+class DatasetError(ValueError):
+    """The image folder cannot be trained on; the message names the root and what is wrong."""
+
+
+@dataclass(frozen=True)
+class ImageIndex:
+    """One listing of an image folder: classes, samples and what was left out."""
+
+    root: str
+    classes: list[str]
+    samples: list[tuple[str, int]]  # (key relative to root, class index)
+    ignored: list[str]  # files in class folders without an image extension
+    fingerprint: str  # changes when any listed file is added, removed or rewritten
+
+    def uri(self, key: str) -> str:
+        return storage.join(self.root, key)
+
+
+@dataclass(frozen=True)
+class BadImage:
+    key: str
+    reason: str
+
+
+def list_image_folder(root: str) -> ImageIndex:
+    """List `<root>/<class>/...` once; a folder with < 2 classes or an empty class is an error."""
+    fs, base = storage.url_to_fs(root)
+    base = base.rstrip("/")
+    entries = fs.find(base, withdirs=True, detail=True)
+    class_dirs: set[str] = set()
+    files: dict[str, dict[str, Any]] = {}
+    for name, info in entries.items():
+        rel = name.rstrip("/")[len(base) :].lstrip("/")
+        if not rel:
+            continue
+        if "/" not in rel:  # torchvision ignores files at the top level, and so do we
+            if info.get("type") == "directory":
+                class_dirs.add(rel)
+            continue
+        class_dirs.add(rel.split("/", 1)[0])
+        if info.get("type") != "directory":
+            files[rel] = info
+    return _build_index(root, sorted(class_dirs), files)
+
+
+def _build_index(root: str, classes: list[str], files: dict[str, dict[str, Any]]) -> ImageIndex:
+    shown = redact_url(root)
+    if not classes:
+        raise DatasetError(
+            f"no class folders under {shown}: expected <root>/<class>/<image> "
+            "(does the folder exist?)"
+        )
+    if len(classes) < 2:
+        raise DatasetError(
+            f"{shown} has only one class folder ({classes[0]!r}); classification needs at "
+            "least 2 classes (<root>/<class>/<image>)"
+        )
+    class_to_index = {name: i for i, name in enumerate(classes)}
+    # torchvision walks each class folder sorted by directory, then by file name.
+    ordered = sorted(files, key=lambda k: (k.rsplit("/", 1)[0], k.rsplit("/", 1)[1]))
+    images = [k for k in ordered if k.lower().endswith(IMG_EXTENSIONS)]
+    samples = [(k, class_to_index[k.split("/", 1)[0]]) for k in images]
+    check_classes_have_images(shown, classes, [label for _, label in samples], "no image files")
+    ignored = [k for k in ordered if not k.lower().endswith(IMG_EXTENSIONS)]
+    return ImageIndex(root, classes, samples, ignored, _fingerprint(images, files))
+
+
+def check_classes_have_images(
+    shown_root: str, classes: Sequence[str], labels: Sequence[int], what: str
+) -> None:
+    """Every class needs at least one image, or its index would never be trained."""
+    present = set(labels)
+    empty = [name for i, name in enumerate(classes) if i not in present]
+    if empty:
+        raise DatasetError(
+            f"class folder(s) {', '.join(map(repr, empty))} under {shown_root} have {what} "
+            f"(extensions: {', '.join(IMG_EXTENSIONS)}); add images or remove the folder"
+        )
+
+
+def _fingerprint(keys: list[str], files: dict[str, dict[str, Any]]) -> str:
+    digest = hashlib.sha256()
+    for key in keys:
+        info = files[key]
+        # ETag on S3, mtime locally: a rewritten file of the same size still changes it.
+        version = info.get("ETag") or info.get("mtime") or ""
+        digest.update(f"{key}\0{info.get('size')}\0{version}\n".encode())
+    return digest.hexdigest()
+
+
+def read_objects(index: ImageIndex, keys: Sequence[str]) -> Iterator[tuple[str, bytes | None]]:
+    """(key, bytes) per key, fetched concurrently in chunks; None where the read failed."""
+    fs, base = storage.url_to_fs(index.root)
+    base = base.rstrip("/")
+    for start in range(0, len(keys), READ_CHUNK):
+        paths = {f"{base}/{key}": key for key in keys[start : start + READ_CHUNK]}
+        contents = fs.cat(list(paths), on_error="return")
+        for path, key in paths.items():
+            data = contents.get(path)
+            yield key, data if isinstance(data, bytes) else None
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """An RGB PIL image from encoded bytes; raises for anything PIL cannot fully decode."""
+    with Image.open(io.BytesIO(data)) as image:
+        image.load()  # decode now: a truncated file fails here, not in a training step
+        return image.convert("RGB")
+
+
+def check_bad_share(
+    shown_root: str, num_files: int, bad: Sequence[BadImage], max_bad_fraction: float
+) -> None:
+    """Fail when more than `max_bad_fraction` of the image files could not be decoded."""
+    share = len(bad) / max(1, num_files)
+    if share > max_bad_fraction:
+        raise DatasetError(
+            f"{len(bad)} of {num_files} image files under {shown_root} ({share:.1%}) could "
+            f"not be read, more than max_bad_fraction={max_bad_fraction:g}: "
+            f"{describe_keys(shown_root, bad)}. Fix or remove them, or raise max_bad_fraction"
+        )
+
+
+def describe_keys(shown_root: str, bad: Sequence[BadImage]) -> str:
+    shown = [f"{storage.join(shown_root, b.key)} ({b.reason})" for b in bad[:MAX_KEYS_SHOWN]]
+    more = len(bad) - len(shown)
+    return "; ".join(shown) + (f"; and {more} more" if more > 0 else "")

@@ -1,0 +1,134 @@
+"""The rank entry point for image classification: build objects from a job, then call fit()."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+from ddpflow.charlm.training import record_checkpoint
+from ddpflow.checkpoint import CheckpointStore, build_state, encode
+from ddpflow.distributed.context import RankContext
+from ddpflow.tracking import RunRef, logger_for_rank
+from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
+from ddpflow.vision.data import ImageSplit, load_split
+from ddpflow.vision.metrics import batch_accuracy, evaluate_split
+from ddpflow.vision.model import (
+    ImageClassifier,
+    ImageModelConfig,
+    build_resnet,
+    trainable_parameters,
+)
+
+Optimizer = Literal["adam", "sgd"]
+
+
+@dataclass(frozen=True)
+class ImageTrainJob:
+    """Everything a rank needs, as URIs and numbers (it crosses the network to each worker)."""
+
+    train_uri: str
+    val_uri: str
+    model: ImageModelConfig
+    weights_uri: str | None  # a state_dict checked by resolve_weights, or None
+    epochs: int
+    batch_size: int  # per rank
+    lr: float  # base lr: each run uses lr * world_size (seed 003)
+    optimizer: Optimizer
+    lr_patience: int
+    seed: int
+    checkpoint_root: str
+    keep_last: int
+    run: RunRef
+    log_every_steps: int = 5
+    eval_batch_size: int = 256
+
+
+@dataclass(frozen=True)
+class ImageTrainResult:
+    rank: int
+    history: list[EpochStats]
+    latest_checkpoint: str | None
+
+
+def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)  # the seed's choice
+    raise ValueError(f"optimizer={kind!r} is not one of adam, sgd")
+
+
+@dataclass
+class _Trainer:
+    """The built objects of one rank."""
+
+    model: ImageClassifier
+    ddp_model: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    scheduler: ReduceLROnPlateau
+    lr: float
+
+
+def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
+    torch.manual_seed(job.seed)  # the same new head on every rank (DDP broadcasts it anyway)
+    cfg = job.model
+    weights = job.weights_uri or "none"
+    model = build_resnet(cfg.arch, cfg.num_classes, weights, cfg.freeze_backbone).to(ctx.device)
+    ddp_model = DistributedDataParallel(
+        model, device_ids=[0] if ctx.device.type == "cuda" else None
+    )
+    # Linear scaling (seed 003): the global batch is batch_size * world_size, so is the step.
+    lr = job.lr * ctx.world_size
+    optimizer = make_optimizer(job.optimizer, trainable_parameters(model), lr)
+    # Stepped with the all-reduced validation loss, so every rank takes the same decision.
+    scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=job.lr_patience)
+    return _Trainer(model, ddp_model, optimizer, scheduler, lr)
+
+
+def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
+    built = _build(ctx, job)
+    optimizer, scheduler = built.optimizer, built.scheduler
+    logger = logger_for_rank(ctx.is_main, job.run)
+    store = CheckpointStore(job.checkpoint_root, job.keep_last)
+    train, val = load_split(job.train_uri), load_split(job.val_uri)
+
+    def save_checkpoint(epoch: int) -> None:
+        extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
+        state = build_state(built.model, optimizer, epoch, job.model.to_dict(), extra=extra)
+        state["scheduler_state"] = scheduler.state_dict()
+        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
+
+    def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+        lr = optimizer.param_groups[0]["lr"]
+        return {"train_accuracy": batch_accuracy(logits, targets), "lr": lr}
+
+    hooks = FitHooks(
+        evaluate=partial(_evaluate, split=val, ctx=ctx, batch_size=job.eval_batch_size),
+        step_metrics=step_metrics,
+        on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
+    )
+    plan = FitPlan(job.epochs, job.batch_size, job.seed, log_every_steps=job.log_every_steps)
+    # fit() slices its data by sample index; the images stay in `train` and `val`.
+    indices = torch.arange(len(train.labels)), torch.arange(len(val.labels))
+    history = fit(
+        built.ddp_model, optimizer, *indices, train.batch, ctx, logger, save_checkpoint, plan, hooks
+    )
+    latest = store.latest_uri() if ctx.is_main else None
+    return ImageTrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
+
+
+def _evaluate(model: nn.Module, split: ImageSplit, ctx: RankContext, batch_size: int) -> dict:
+    if ctx.world_size > 1:
+        # BatchNorm running statistics drift apart between ranks within an epoch (DDP copies
+        # rank 0's at the start of each forward, then every rank updates them with its own
+        # batch): validate rank 0's model, the one that is checkpointed, on every rank.
+        for buffer in model.buffers():
+            dist.broadcast(buffer.data, src=0)
+    return evaluate_split(model, split, ctx, batch_size)

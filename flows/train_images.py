@@ -1,0 +1,205 @@
+"""Image classification by transfer learning, with DDP: format -> train -> evaluate -> register.
+
+Run it: `python -m flows.train_images` (the digits demo folder) or with `--source
+s3://bucket/images` for any `<root>/<class>/<image>` folder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect import flow
+from prefect.runtime import flow_run
+
+from ddpflow import storage
+from ddpflow.config import Settings
+from ddpflow.redact import redact_url
+from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.vision.data import FormattedImages, ImageSpec
+from ddpflow.vision.model import ImageModelConfig
+from ddpflow.vision.training import ImageTrainJob
+from flows.cli import run_cli
+from flows.params import ImageParams, validate_params
+from flows.preflight import run_preflight
+from flows.runner import dask_task_runner
+from flows.summary import mlflow_ui_hint
+from tasks.images import (
+    evaluate,
+    format_images,
+    prepare_digits,
+    prepare_weights,
+    register,
+    train_ddp,
+)
+
+
+@dataclass(frozen=True)
+class ImageSummary:
+    run_id: str
+    val_accuracy: float
+    val_loss: float
+    num_val: int
+    num_skipped: int
+    checkpoint_uri: str
+    checkpoint_dir: str
+    report_dir: str
+    model_version: str
+    world_size: int
+
+    def render(self, settings: Settings) -> str:
+        return "\n".join(
+            [
+                "",
+                "ddpflow: image classifier trained",
+                f"  MLflow run id      {self.run_id}",
+                f"  world size         {self.world_size} ranks",
+                f"  val accuracy       {self.val_accuracy:.2%} of {self.num_val} images",
+                f"  val loss           {self.val_loss:.4f}",
+                f"  skipped files      {self.num_skipped} unreadable",
+                f"  checkpoints        {self.checkpoint_dir}",
+                f"  latest checkpoint  {self.checkpoint_uri}",
+                f"  reports            {self.report_dir} (confusion matrix CSV/PNG)",
+                f"  registered model   version {self.model_version}",
+                f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
+                "",
+            ]
+        )
+
+
+@flow(name="train-images", task_runner=dask_task_runner(), log_prints=True)
+def train_images(
+    source: str | None = None,
+    arch: str = "resnet18",
+    weights: str = "none",
+    freeze_backbone: bool = False,
+    image_size: int = 32,
+    resize: str = "crop",
+    val_fraction: float = 0.2,
+    epochs: int = 5,
+    batch_size: int = 32,
+    lr: float = 0.001,
+    optimizer: str = "adam",
+    lr_patience: int = 2,
+    world_size: int | None = None,
+    seed: int = 0,
+    max_bad_fraction: float = 0.01,
+    keep_last: int = 3,
+    rank_timeout_s: float = 120.0,
+    model_name: str = "ddpflow-images",
+    experiment: str = "ddpflow-images",
+) -> ImageSummary:
+    """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
+    params = validate_params(ImageParams, dict(locals()))
+    settings = Settings.from_env()
+    # Pre-flight: an unusable store, tracking server or cluster fails before any work.
+    ranks = run_preflight(settings, params.world_size)
+
+    source = params.source
+    if source is None:
+        digits = prepare_digits.submit(storage.join(settings.artifact_root, "data", "digits"))
+        source = digits.result().uri
+    spec = ImageSpec(params.image_size, params.resize)
+    data = format_images.submit(
+        source,
+        settings.artifact_root,
+        spec,
+        params.val_fraction,
+        params.seed,
+        params.max_bad_fraction,
+    ).result()
+    print(
+        f"images: {len(data.classes)} classes, {data.num_train} train / {data.num_val} "
+        f"validation, {len(data.bad)} unreadable file(s) skipped"
+        + (" (formatted tensors reused)" if data.reused else "")
+    )
+    weights_uri = prepare_weights.submit(
+        params.arch, params.weights, settings.artifact_root
+    ).result()
+    run = _start_run(params, settings, source, data, len(ranks))
+    # Everything a run writes lives under its own folder: concurrent runs never collide.
+    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
+    try:
+        summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
+    except BaseException:
+        end_run(run, failed=True)
+        raise
+    end_run(run)
+    print(summary.render(settings))
+    return summary
+
+
+def _start_run(
+    params: ImageParams, settings: Settings, source: str, data: FormattedImages, world: int
+) -> RunRef:
+    return start_run(
+        settings.tracking_uri,
+        params.experiment,
+        run_name=f"images-{flow_run.get_id()}",
+        params={
+            **params.model_dump(),
+            "source": redact_url(source),
+            "weights": redact_url(params.weights),
+            "world_size": world,
+            "effective_lr": params.lr * world,
+            "num_classes": len(data.classes),
+            "num_train": data.num_train,
+            "num_val": data.num_val,
+            "num_skipped_files": len(data.bad),
+            "data_fingerprint": data.fingerprint,
+        },
+        tags={"prefect.flow_run_id": str(flow_run.get_id()), "ddpflow.workload": "images"},
+        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+    )
+
+
+def _train_evaluate_register(
+    params: ImageParams,
+    data: FormattedImages,
+    weights_uri: str | None,
+    run: RunRef,
+    run_dir: str,
+    world_size: int,
+) -> ImageSummary:
+    checkpoint_dir = storage.join(run_dir, "checkpoints")
+    report_dir = storage.join(run_dir, "reports")
+    model = ImageModelConfig(
+        params.arch,
+        len(data.classes),
+        params.image_size,
+        tuple(data.classes),
+        params.freeze_backbone,
+    )
+    job = ImageTrainJob(
+        train_uri=data.train_uri,
+        val_uri=data.val_uri,
+        model=model,
+        weights_uri=weights_uri,
+        epochs=params.epochs,
+        batch_size=params.batch_size,
+        lr=params.lr,
+        optimizer=params.optimizer,
+        lr_patience=params.lr_patience,
+        seed=params.seed,
+        checkpoint_root=checkpoint_dir,
+        keep_last=params.keep_last,
+        run=run,
+    )
+    checkpoint = train_ddp(job, world_size, params.rank_timeout_s).latest_checkpoint
+    evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
+    version = register.submit(run, checkpoint, params.model_name).result()
+    return ImageSummary(
+        run_id=run.run_id,
+        val_accuracy=evaluation.val_accuracy,
+        val_loss=evaluation.val_loss,
+        num_val=evaluation.num_val,
+        num_skipped=len(data.bad),
+        checkpoint_uri=checkpoint,
+        checkpoint_dir=checkpoint_dir,
+        report_dir=report_dir,
+        model_version=version,
+        world_size=world_size,
+    )
+
+
+if __name__ == "__main__":
+    run_cli(train_images)

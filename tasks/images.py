@@ -1,0 +1,98 @@
+"""Prefect tasks for image classification: each calls ddpflow and returns URIs and numbers."""
+
+from __future__ import annotations
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.distributed import launch
+from ddpflow.redact import redact_url
+from ddpflow.tracking import RunRef
+from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
+from ddpflow.vision.digits import DigitsFolder, ensure_digits
+from ddpflow.vision.evaluation import (
+    ImageEvalResult,
+    evaluate_checkpoint,
+    evaluation_markdown,
+    log_evaluation,
+    register_model,
+    report_files,
+    save_reports,
+)
+from ddpflow.vision.image_folder import describe_keys
+from ddpflow.vision.model import resolve_weights
+from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
+from flows.runner import current_dask_client
+
+
+@task(name="prepare-digits")
+def prepare_digits(root: str) -> DigitsFolder:
+    """Write scikit-learn's digits as a PNG image folder at `root` unless it is there."""
+    return ensure_digits(root)
+
+
+@task(name="format-images")
+def format_images(
+    source: str,
+    artifact_root: str,
+    spec: ImageSpec,
+    val_fraction: float,
+    seed: int,
+    max_bad_fraction: float,
+) -> FormattedImages:
+    """List, decode, split and store the folder as tensors; warn about skipped files."""
+    result = format_image_folder(source, artifact_root, spec, val_fraction, seed, max_bad_fraction)
+    shown = redact_url(source)
+    if result.bad:
+        get_run_logger().warning(
+            "skipped %d unreadable image file(s) of %d: %s",
+            len(result.bad),
+            result.num_files,
+            describe_keys(shown, result.bad_images),
+        )
+    if result.ignored:
+        get_run_logger().warning(
+            "ignored %d file(s) without an image extension: %s",
+            len(result.ignored),
+            ", ".join(result.ignored[:10]) + (" ..." if len(result.ignored) > 10 else ""),
+        )
+    return result
+
+
+@task(name="resolve-weights")
+def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
+    """Fetch or check the pretrained weights once, before any rank starts."""
+    return resolve_weights(arch, weights, artifact_root)
+
+
+@task(name="train-ddp")
+def train_ddp(
+    job: ImageTrainJob, world_size: int | None, rank_timeout_s: float
+) -> ImageTrainResult:
+    """Run one DDP group; call it directly from the flow (not .submit) so it runs there."""
+    results = launch(
+        current_dask_client(), train_rank, job, world_size=world_size, timeout_s=rank_timeout_s
+    )
+    return results[0]
+
+
+@task(name="evaluate-images")
+def evaluate(
+    run: RunRef, checkpoint_uri: str, data: FormattedImages, report_dir: str
+) -> ImageEvalResult:
+    """Confusion matrix and per-class accuracy: to MLflow, the artifact store and Prefect."""
+    result = evaluate_checkpoint(checkpoint_uri, data.val_uri)
+    markdown = evaluation_markdown(run, result, num_bad=len(data.bad))
+    files = report_files(result, markdown)
+    save_reports(report_dir, files)
+    log_evaluation(run, result, files)
+    create_markdown_artifact(
+        markdown=markdown, key="images-evaluation", description="image classifier evaluation"
+    )
+    return result
+
+
+@task(name="register-model")
+def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
+    """Log the final model to the MLflow run and register a new version."""
+    return register_model(run, checkpoint_uri, model_name)

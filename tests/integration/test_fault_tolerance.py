@@ -1,0 +1,179 @@
+"""Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed or
+SIGSTOPped while the flow trains on them (the flow connects via DDPFLOW_DASK_ADDRESS), and the
+run must finish with exactly the weights of an uninterrupted run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import distributed
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from ddpflow.checkpoint import CheckpointStore
+from ddpflow.cluster import local_cluster
+from infra.services import free_port, start_prefect_server, stop
+from tests.integration.conftest import REPO, project_env
+
+pytestmark = pytest.mark.integration
+EPOCHS = 4
+TINY = [
+    "--epochs",
+    str(EPOCHS),
+    "--hidden-size",
+    "32",
+    "--num-layers",
+    "1",
+    "--batch-size",
+    "1024",
+    "--lr",
+    "0.01",
+    "--num-names",
+    "3",
+    "--keep-last",
+    "10",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[dict]:
+    """A Prefect server and a LocalCluster whose workers report to it."""
+    home = tmp_path_factory.mktemp("prefect")
+    server = start_prefect_server(free_port(), home, home)
+    try:
+        env = {"PREFECT_API_URL": server.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        with local_cluster(2, env=env) as lc, distributed.Client(lc) as client:
+            client.wait_for_workers(2, timeout=60)
+            yield {"client": client, "env": {**env, "DDPFLOW_DASK_ADDRESS": lc.scheduler_address}}
+    finally:
+        stop(server)
+
+
+def start_flow(project: Path, cluster: dict, *args: str) -> subprocess.Popen[str]:
+    project.mkdir(parents=True, exist_ok=True)
+    cluster["client"].wait_for_workers(2, timeout=60)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        cwd=project,
+        env={**project_env(project), **cluster["env"], "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_checkpoint(project: Path, epoch: int, proc: subprocess.Popen, timeout_s=180) -> None:
+    deadline = time.monotonic() + timeout_s
+    pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}.pt"
+    while not list(project.glob(pattern)):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}"
+        time.sleep(0.1)
+
+
+def a_worker_pid(client: distributed.Client) -> int:
+    pids = client.run(os.getpid)
+    return pids[sorted(pids)[-1]]
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str]:
+    out, err = proc.communicate(timeout=timeout_s)
+    return proc.returncode, out + err
+
+
+def the_run(project: Path):
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])
+    assert len(runs) == 1, "one training, one MLflow run"
+    return client, runs[0]
+
+
+def final_weights(project: Path) -> dict[str, torch.Tensor]:
+    store = CheckpointStore(str(next((project / "artifacts" / "runs").iterdir()) / "checkpoints"))
+    for uri in store.list_uris():  # every checkpoint loads
+        torch.load(uri, weights_only=True)
+    state = store.load()
+    assert state["epoch"] == EPOCHS
+    return state["model_state"]
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> dict[str, torch.Tensor]:
+    project = tmp_path_factory.mktemp("uninterrupted")
+    code, output = finish(start_flow(project, cluster))
+    assert code == 0, output[-4000:]
+    return final_weights(project)
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), f"{key} differs from the uninterrupted run"
+
+
+def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
+    client, run = the_run(project)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
+
+
+def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, reference, tmp_path):
+    proc = start_flow(tmp_path, cluster)
+    wait_for_checkpoint(tmp_path, 1, proc)
+    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    assert_same_weights(final_weights(tmp_path), reference)
+    artifact = subprocess.run(
+        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts"],
+        env={**project_env(tmp_path), **cluster["env"]},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "DDP restarts" in artifact.stdout, artifact.stdout[-2000:] + artifact.stderr[-2000:]
+
+
+def test_a_hung_worker_is_detected_by_timeout_and_restarted(cluster, reference, tmp_path):
+    proc = start_flow(tmp_path, cluster, "--rank-timeout-s", "10")
+    wait_for_checkpoint(tmp_path, 1, proc)
+    pid = a_worker_pid(cluster["client"])
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        code, output = finish(proc)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)  # in case the nanny did not kill it
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    _, run = the_run(tmp_path)
+    assert "timed out" in run.data.tags["ddpflow.restart.1.cause"].lower() or "timeout" in (
+        run.data.tags["ddpflow.restart.1.cause"].lower()
+    )
+    assert_same_weights(final_weights(tmp_path), reference)
+
+
+def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_path):
+    proc = start_flow(tmp_path, cluster, "--max-restarts", "0")
+    wait_for_checkpoint(tmp_path, 1, proc)
+    killed_at = time.monotonic()
+    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 1
+    assert time.monotonic() - killed_at < 60
+    message = output.rsplit("train-charlm failed:", 1)[-1]
+    assert "max_restarts=0" in message and "rank" in message and "worker tcp://" in message
+    _, run = the_run(tmp_path)
+    assert run.info.status == "FAILED"

@@ -1,0 +1,50 @@
+"""Confusion matrix, per-class accuracy and the report files."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ddpflow.tracking import RunRef
+from ddpflow.vision.evaluation import ImageEvalResult, evaluation_markdown, report_files
+from ddpflow.vision.metrics import confusion_matrix, per_class_accuracy
+from ddpflow.vision.reports import confusion_csv, read_confusion_csv
+
+CLASSES = ["cat", "dog", "bird, small"]
+TARGETS = torch.tensor([0, 0, 0, 1, 1, 2])
+PREDICTIONS = torch.tensor([0, 0, 1, 1, 0, 2])
+
+
+def test_confusion_matrix_rows_are_true_classes() -> None:
+    confusion = confusion_matrix(TARGETS, PREDICTIONS, 3)
+    assert confusion == [[2, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert sum(map(sum, confusion)) == len(TARGETS)
+    assert per_class_accuracy(confusion) == [2 / 3, 0.5, 1.0]
+    assert per_class_accuracy([[0, 0], [1, 1]]) == [None, 0.5]
+
+
+def test_csv_round_trips_with_awkward_class_names() -> None:
+    confusion = confusion_matrix(TARGETS, PREDICTIONS, 3)
+    text = confusion_csv(CLASSES, confusion)
+    assert text.splitlines()[0] == 'true\\predicted,cat,dog,"bird, small"'
+    assert read_confusion_csv(text) == (CLASSES, confusion)
+
+
+def test_report_files_hold_csv_png_json_and_markdown() -> None:
+    result = ImageEvalResult(
+        val_loss=0.5,
+        val_accuracy=4 / 6,
+        num_val=6,
+        classes=CLASSES,
+        confusion=confusion_matrix(TARGETS, PREDICTIONS, 3),
+        checkpoint_uri="s3://b/runs/r/checkpoints/epoch-0002.pt",
+        epoch=2,
+    )
+    markdown = evaluation_markdown(RunRef("sqlite:///x.db", "run123"), result, num_bad=1)
+    files = report_files(result, markdown)
+    assert files["confusion_matrix.png"].startswith(b"\x89PNG\r\n\x1a\n")
+    per_class = json.loads(files["per_class_accuracy.json"])
+    assert per_class["dog"] == {"accuracy": 0.5, "correct": 1, "support": 2}
+    assert "| validation accuracy | 66.67% |" in markdown and "`run123`" in markdown
+    assert "| dog | 50.0% | 1 / 2 |" in markdown and "| unreadable files skipped | 1 |" in markdown
