@@ -109,6 +109,7 @@ class ImageParams(BaseModel):
     max_bad_fraction: float = Field(ge=0, lt=1)
     keep_last: int = Field(ge=1)
     rank_timeout_s: float = Field(gt=0)
+    max_restarts: int = Field(default=2, ge=0, le=100)
     model_name: str = Field(min_length=1)
     experiment: str = Field(min_length=1)
 

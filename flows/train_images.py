@@ -85,6 +85,7 @@ def train_images(
     max_bad_fraction: float = 0.01,
     keep_last: int = 3,
     rank_timeout_s: float = 120.0,
+    max_restarts: int = 2,
     model_name: str = "ddpflow-images",
     experiment: str = "ddpflow-images",
 ) -> ImageSummary:
@@ -184,7 +185,8 @@ def _train_evaluate_register(
         keep_last=params.keep_last,
         run=run,
     )
-    checkpoint = train_ddp(job, world_size, params.rank_timeout_s).latest_checkpoint
+    trained = train_ddp(job, world_size, params.rank_timeout_s, params.max_restarts)
+    checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
     version = register.submit(run, checkpoint, params.model_name).result()
     return ImageSummary(

@@ -15,9 +15,10 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
-from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
 from flows.runner import current_dask_client
+from tasks.restarts import restarts_markdown
 
 
 @task(name="download-corpus")
@@ -63,19 +64,6 @@ def train_ddp(
             description="DDP group restarts",
         )
     return results[0]
-
-
-def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
-    rows = "\n".join(
-        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.restarted_workers) or '-'} "
-        f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
-        for r in restarts
-    )
-    return (
-        f"# DDP restarts of MLflow run `{run.run_id}`\n\n"
-        "| restart | world size after | restarted (hung) workers | heal time | cause |\n"
-        f"|---|---|---|---|---|\n{rows}\n"
-    )
 
 
 @task(name="evaluate")

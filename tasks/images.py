@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.distributed import launch
+from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef
+from ddpflow.tracking import RunRef, log_restart
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
 from ddpflow.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.vision.evaluation import (
@@ -23,6 +23,7 @@ from ddpflow.vision.image_folder import describe_keys
 from ddpflow.vision.model import resolve_weights
 from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
 from flows.runner import current_dask_client
+from tasks.restarts import restarts_markdown
 
 
 @task(name="prepare-digits")
@@ -67,12 +68,27 @@ def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
 
 @task(name="train-ddp")
 def train_ddp(
-    job: ImageTrainJob, world_size: int | None, rank_timeout_s: float
+    job: ImageTrainJob, world_size: int | None, rank_timeout_s: float, max_restarts: int = 2
 ) -> ImageTrainResult:
-    """Run one DDP group; call it directly from the flow (not .submit) so it runs there."""
-    results = launch(
-        current_dask_client(), train_rank, job, world_size=world_size, timeout_s=rank_timeout_s
+    """Run one DDP group, healed and resumed from its checkpoint after a failure.
+
+    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
+    """
+    results, restarts = launch_with_restarts(
+        current_dask_client(),
+        train_rank,
+        job,
+        world_size=world_size,
+        timeout_s=rank_timeout_s,
+        max_restarts=max_restarts,
+        on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
     )
+    if restarts:
+        create_markdown_artifact(
+            markdown=restarts_markdown(job.run, restarts),
+            key="images-restarts",
+            description="DDP group restarts",
+        )
     return results[0]
 
 

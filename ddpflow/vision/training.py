@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ddpflow.charlm.training import record_checkpoint
+from ddpflow.charlm.training import record_checkpoint, resume
 from ddpflow.checkpoint import CheckpointStore, build_state, encode
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking import RunRef, logger_for_rank
@@ -97,6 +97,10 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
     optimizer, scheduler = built.optimizer, built.scheduler
     logger = logger_for_rank(ctx.is_main, job.run)
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
+    # After a restart: continue from the latest complete checkpoint (scheduler included).
+    start_epoch = resume(store, built.model, optimizer)
+    if start_epoch:
+        scheduler.load_state_dict(store.load()["scheduler_state"])
     train, val = load_split(job.train_uri), load_split(job.val_uri)
 
     def save_checkpoint(epoch: int) -> None:
@@ -114,7 +118,13 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         step_metrics=step_metrics,
         on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
     )
-    plan = FitPlan(job.epochs, job.batch_size, job.seed, log_every_steps=job.log_every_steps)
+    plan = FitPlan(
+        job.epochs,
+        job.batch_size,
+        job.seed,
+        start_epoch=start_epoch,
+        log_every_steps=job.log_every_steps,
+    )
     # fit() slices its data by sample index; the images stay in `train` and `val`.
     indices = torch.arange(len(train.labels)), torch.arange(len(val.labels))
     history = fit(
