@@ -1,12 +1,26 @@
-"""Build or connect to the Dask cluster the flows run on."""
+"""Build the Dask cluster the flows run on; DDPFLOW_CLUSTER picks the kind.
+
+Every kind is one of Dask's own deployment classes: `local` (LocalCluster), `cuda`
+(dask-cuda's LocalCUDACluster), `jobqueue` (dask-jobqueue's SLURMCluster, PBSCluster, ...)
+and `kubernetes` (dask-kubernetes' KubeCluster). The optional packages are imported only
+when their kind is used; a missing one raises ConfigError naming the extra to install.
+`address` (an existing scheduler) builds nothing: the task runner connects to it.
+"""
 
 from __future__ import annotations
 
+import importlib
 import logging
+import shlex
 from collections.abc import Mapping
+from types import ModuleType
+from typing import Any
 
 import dask
 import distributed
+from distributed.deploy import Cluster
+
+from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 
 # Set before workers start (the nanny hands its config to the worker process):
 # - daemon=False lets a rank start DataLoader processes (daemonic processes cannot fork);
@@ -15,6 +29,54 @@ WORKER_CONFIG = {
     "distributed.worker.daemon": False,
     "distributed.worker.profile.enabled": False,
 }
+# The same settings as environment variables, for workers started on other machines.
+WORKER_ENV = {
+    "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+    "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+}
+# Dask worker resources: a GPU worker declares GPU=1 (`dask worker ... --resources GPU=1`),
+# a CPU-only worker beside GPU workers CPU=<threads>; see task_placement.
+GPU_RESOURCE = "GPU"
+CPU_RESOURCE = "CPU"
+# kind -> (module to import, extra that installs it)
+EXTRAS = {
+    "cuda": ("dask_cuda", "cuda"),
+    "jobqueue": ("dask_jobqueue", "jobqueue"),
+    "kubernetes": ("dask_kubernetes.operator", "kubernetes"),
+}
+JOBQUEUE_CLASSES = {
+    "slurm": "SLURMCluster",
+    "pbs": "PBSCluster",
+    "sge": "SGECluster",
+    "lsf": "LSFCluster",
+    "htcondor": "HTCondorCluster",
+    "oar": "OARCluster",
+}
+DEFAULT_IMAGE = "ddpflow:latest"
+# Keys of DDPFLOW_CLUSTER_OPTIONS (kubernetes) that shape the DaskCluster spec; the
+# others go to KubeCluster itself (namespace, resource_timeout, ...).
+KUBERNETES_SPEC_KEYS = (
+    "name",
+    "image",
+    "n_workers",
+    "resources",
+    "scheduler_resources",
+    "worker_command",
+    "env",
+    "env_secret",
+)
+
+
+def require_extra(kind: str) -> ModuleType:
+    """Import the package a cluster kind needs, or say which extra installs it."""
+    module, extra = EXTRAS[kind]
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        raise ConfigError(
+            f"cluster kind {kind!r} ({CLUSTER_ENV}={kind}) needs the extra: "
+            f"pip install 'ddpflow[{extra}]' ({error})"
+        ) from None
 
 
 def local_cluster(
@@ -22,19 +84,158 @@ def local_cluster(
     env: Mapping[str, str] | None = None,
     local_directory: str | None = None,
     quiet: bool = True,
+    **cluster_kwargs: Any,
 ) -> distributed.LocalCluster:
-    """Worker processes with one thread each (one rank per worker), bound to 127.0.0.1."""
+    """Worker processes with one thread each (one rank per worker), bound to 127.0.0.1.
+
+    `cluster_kwargs` go to LocalCluster (e.g. threads_per_worker, resources).
+    """
     dask.config.set(WORKER_CONFIG)
     if quiet:
         # Dask's INFO lines (every nanny and client start/stop) drown the flow's own output;
         # warnings and errors still show. (Worker processes reset their own logging.)
         logging.getLogger("distributed").setLevel(logging.WARNING)
-    return distributed.LocalCluster(
-        n_workers=num_workers,
-        threads_per_worker=1,
-        processes=True,
-        host="127.0.0.1",
-        dashboard_address=":0",  # a free port: concurrent runs must not clash on 8787
-        local_directory=local_directory,
-        env=dict(env or {}),
+    kwargs: dict[str, Any] = {
+        "threads_per_worker": 1,
+        "processes": True,
+        "host": "127.0.0.1",
+        "dashboard_address": ":0",  # a free port: concurrent runs must not clash on 8787
+        "local_directory": local_directory,
+        **cluster_kwargs,
+    }
+    kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
+    return distributed.LocalCluster(n_workers=num_workers, **kwargs)
+
+
+def build_cluster(
+    kind: str, options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+) -> Cluster:
+    """The cluster of `kind`, with DDPFLOW_CLUSTER_OPTIONS passed through to its class.
+
+    `env` is extra environment for the workers (e.g. PREFECT_API_URL).
+    """
+    options = dict(options or {})
+    env = dict(env or {})
+    if kind == "local":
+        return local_cluster(options.pop("n_workers", DEFAULT_NUM_WORKERS), env=env, **options)
+    if kind == "cuda":
+        return cuda_cluster(options, env)
+    if kind == "jobqueue":
+        return jobqueue_cluster(options, env)
+    if kind == "kubernetes":
+        spec_options = {k: options.pop(k) for k in KUBERNETES_SPEC_KEYS if k in options}
+        spec = kubernetes_spec(spec_options, env)
+        operator = require_extra("kubernetes")
+        return operator.KubeCluster(custom_cluster_spec=spec, **options)
+    raise ConfigError(
+        f"cluster kind {kind!r} cannot be built: use local, cuda, jobqueue or kubernetes "
+        f"({CLUSTER_ENV}=address connects to DDPFLOW_DASK_ADDRESS instead)"
     )
+
+
+def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
+    """dask-cuda: one worker per GPU, each with its CUDA_VISIBLE_DEVICES rotated so that
+    its own GPU is cuda:0; every worker declares the GPU resource the ranks ask for."""
+    dask_cuda = require_extra("cuda")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"cluster kind 'cuda' ({CLUSTER_ENV}=cuda) needs NVIDIA GPUs, but CUDA is not "
+            "available in this process (torch.cuda.is_available() is False); use "
+            f"{CLUSTER_ENV}=local on a machine without GPUs"
+        )
+    dask.config.set(WORKER_CONFIG)
+    kwargs = {
+        "threads_per_worker": 1,
+        "host": "127.0.0.1",
+        "dashboard_address": ":0",
+        "resources": {GPU_RESOURCE: 1},
+        **options,
+    }
+    # LocalCUDACluster replaces each worker's `env` with its CUDA_VISIBLE_DEVICES, so the
+    # extra environment goes through the nanny's config instead.
+    environ = {**dask.config.get("distributed.nanny.environ"), **env}
+    with dask.config.set({"distributed.nanny.environ": environ}):
+        return dask_cuda.LocalCUDACluster(**kwargs)
+
+
+def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
+    """A batch-queue cluster; each worker is a job. Nothing is submitted unless the options
+    ask for workers (`n_workers`) or the cluster is scaled later.
+
+    ddpflow's own keys: `system` (slurm, pbs, sge, lsf, htcondor, oar; default slurm).
+    `processes` defaults to 1: one worker, so one DDP rank, per job.
+    """
+    module = require_extra("jobqueue")
+    options = dict(options)
+    system = str(options.pop("system", "slurm")).lower()
+    if system not in JOBQUEUE_CLASSES:
+        raise ConfigError(
+            f"{CLUSTER_ENV}=jobqueue: system={system!r} is not one of "
+            f"{', '.join(JOBQUEUE_CLASSES)} (set it in DDPFLOW_CLUSTER_OPTIONS)"
+        )
+    exports = [f"export {k}={shlex.quote(str(v))}" for k, v in {**WORKER_ENV, **env}.items()]
+    options["job_script_prologue"] = exports + list(options.get("job_script_prologue") or [])
+    options.setdefault("processes", 1)
+    scheduler_options = options.get("scheduler_options") or {}
+    options["scheduler_options"] = {"dashboard_address": ":0", **scheduler_options}
+    return getattr(module, JOBQUEUE_CLASSES[system])(**options)
+
+
+def kubernetes_spec(options: Mapping[str, Any], env: Mapping[str, str] | None = None) -> dict:
+    """A dask-kubernetes `DaskCluster` resource for the Dask operator (kubectl apply -f).
+
+    Keys: name, image, n_workers, resources (each worker container's Kubernetes resources,
+    e.g. {"limits": {"nvidia.com/gpu": 1}}: the worker then declares GPU=<that count>),
+    scheduler_resources, worker_command, env (plain variables), env_secret (a Secret whose
+    keys become variables, e.g. the AWS credentials; no secret value is ever in the spec).
+    """
+    operator = require_extra("kubernetes")
+    unknown = sorted(set(options) - set(KUBERNETES_SPEC_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown Kubernetes spec options {unknown}; use {KUBERNETES_SPEC_KEYS}")
+    resources = options.get("resources")
+    gpus = ((resources or {}).get("limits") or {}).get("nvidia.com/gpu")
+    command = "dask worker --nthreads 1" + (f" --resources {GPU_RESOURCE}={gpus}" if gpus else "")
+    spec = operator.make_cluster_spec(
+        name=options.get("name", "ddpflow"),
+        image=options.get("image", DEFAULT_IMAGE),
+        n_workers=options.get("n_workers", 2),
+        resources=resources,
+        env={**WORKER_ENV, **dict(options.get("env") or {}), **dict(env or {})},
+        worker_command=options.get("worker_command", command),
+    )
+    containers = [
+        spec["spec"]["worker"]["spec"]["containers"][0],
+        spec["spec"]["scheduler"]["spec"]["containers"][0],
+    ]
+    # make_cluster_spec gives the scheduler the workers' resources (it would hold a GPU)
+    # and the legacy `dask-scheduler` command, which current distributed no longer ships.
+    containers[1]["resources"] = options.get("scheduler_resources")
+    containers[1]["args"] = ["dask", "scheduler", *containers[1]["args"][1:]]
+    if options.get("env_secret"):  # only the workers touch the artifact store
+        containers[0]["envFrom"] = [{"secretRef": {"name": options["env_secret"]}}]
+    return _without_nulls(spec)
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def task_placement(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Dask annotations that keep non-rank tasks on the CPU workers, where there are any.
+
+    CPU workers say so by declaring the CPU resource (`dask worker ... --resources CPU=4`,
+    as many as threads); GPU workers declare GPU only. A task that asks for CPU=1 then never
+    runs on a GPU worker, work stealing included, and a restarted CPU worker declares it
+    again. Without any CPU worker the tasks run anywhere. `workers` is
+    `Client.scheduler_info()["workers"]`.
+    """
+    if any((info.get("resources") or {}).get(CPU_RESOURCE, 0) > 0 for info in workers.values()):
+        return {"resources": {CPU_RESOURCE: 1}}
+    return {}

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ARTIFACT_ROOT_ENV = "DDPFLOW_ARTIFACT_ROOT"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
 DASK_ADDRESS_ENV = "DDPFLOW_DASK_ADDRESS"
 DASK_WORKERS_ENV = "DDPFLOW_DASK_WORKERS"
+CLUSTER_ENV = "DDPFLOW_CLUSTER"
+CLUSTER_OPTIONS_ENV = "DDPFLOW_CLUSTER_OPTIONS"
+RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
 DEFAULT_NUM_WORKERS = 2
+# Which Dask cluster the flows run on (ddpflow.cluster builds each one).
+CLUSTER_KINDS = ("local", "address", "cuda", "jobqueue", "kubernetes")
 
 
 class ConfigError(ValueError):
@@ -27,6 +34,10 @@ class Settings:
     dask_address: str | None
     num_dask_workers: int
     project_dir: Path
+    # Added for the cluster backends; defaults keep the laptop behaviour.
+    cluster_kind: str = "local"
+    cluster_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    rank_resources: Mapping[str, float] | None = field(default=None, hash=False)
 
     @classmethod
     def from_env(
@@ -41,12 +52,16 @@ class Settings:
         project_dir = (project_dir or Path.cwd()).resolve()
         artifact_root = env.get(ARTIFACT_ROOT_ENV) or str(project_dir / "artifacts")
         tracking_uri = env.get(TRACKING_URI_ENV) or f"sqlite:///{project_dir / 'mlflow.db'}"
+        dask_address = (env.get(DASK_ADDRESS_ENV) or "").strip() or None
         return cls(
             artifact_root=normalise_root(artifact_root, base=project_dir),
             tracking_uri=tracking_uri,
-            dask_address=env.get(DASK_ADDRESS_ENV) or None,
+            dask_address=dask_address,
             num_dask_workers=_parse_workers(env.get(DASK_WORKERS_ENV)),
             project_dir=project_dir,
+            cluster_kind=_parse_cluster_kind(env.get(CLUSTER_ENV), dask_address),
+            cluster_options=_parse_json_object(CLUSTER_OPTIONS_ENV, env.get(CLUSTER_OPTIONS_ENV)),
+            rank_resources=_parse_resources(env.get(RANK_RESOURCES_ENV)),
         )
 
 
@@ -79,3 +94,50 @@ def _parse_workers(raw: str | None) -> int:
             "local Dask worker processes, e.g. 2"
         )
     return value
+
+
+def _parse_cluster_kind(raw: str | None, dask_address: str | None) -> str:
+    """`address` when only DDPFLOW_DASK_ADDRESS is set, `local` when nothing is."""
+    kind = (raw or "").strip().lower() or ("address" if dask_address else "local")
+    if kind not in CLUSTER_KINDS:
+        raise ConfigError(
+            f"{CLUSTER_ENV}={raw!r} is not a cluster kind; use one of {', '.join(CLUSTER_KINDS)}"
+        )
+    if kind == "address" and not dask_address:
+        raise ConfigError(
+            f"{CLUSTER_ENV}=address needs {DASK_ADDRESS_ENV}, the scheduler to connect to "
+            "(e.g. tcp://scheduler:8786)"
+        )
+    if kind != "address" and dask_address:
+        raise ConfigError(
+            f"{CLUSTER_ENV}={kind} starts its own cluster but {DASK_ADDRESS_ENV}={dask_address!r} "
+            f"points at an existing one; unset one of them"
+        )
+    return kind
+
+
+def _parse_json_object(name: str, raw: str | None) -> dict[str, Any]:
+    if raw is None or raw.strip() == "":
+        return {}
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{name} is not valid JSON ({error}): {raw!r}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f'{name} must be a JSON object such as {{"n_workers": 2}}, got {raw!r}')
+    return value
+
+
+def _parse_resources(raw: str | None) -> dict[str, float] | None:
+    """Dask worker resources every DDP rank needs, e.g. {"GPU": 1}; unset means none."""
+    value = _parse_json_object(RANK_RESOURCES_ENV, raw)
+    bad = {k: v for k, v in value.items() if isinstance(v, bool) or not _positive(v)}
+    if bad:
+        raise ConfigError(
+            f'{RANK_RESOURCES_ENV} amounts must be positive numbers (e.g. {{"GPU": 1}}), got {bad}'
+        )
+    return {k: float(v) for k, v in value.items()} or None
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and value > 0

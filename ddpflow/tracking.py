@@ -6,8 +6,15 @@ so every call here names the tracking URI and run id explicitly (MlflowClient).
 
 from __future__ import annotations
 
+import logging
+import os
+import queue
+import shutil
+import tempfile
+import threading
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +24,7 @@ from mlflow.tracking import MlflowClient
 
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
 # the GenAI view that MLflow 3.17 picks for experiments without a kind.
+log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
@@ -69,9 +77,76 @@ class MlflowLogger:
         self.client.log_batch(self.run.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
 
 
+class BackgroundMlflowLogger:
+    """An MlflowLogger whose calls run on a background thread, in order.
+
+    Rank 0 never waits for MLflow: a slow or dead server would otherwise stall rank 0, and
+    with it every other rank at the next collective (MLflow's client retries a failing server
+    for minutes). A call that fails is reported and dropped; training goes on. `close()`
+    waits a bounded time for what is queued.
+    """
+
+    def __init__(self, run: RunRef, close_timeout_s: float = 60.0):
+        self._logger = MlflowLogger(run)
+        self._close_timeout_s = close_timeout_s
+        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._spool = tempfile.mkdtemp(prefix="ddpflow-mlflow-")
+        self._thread = threading.Thread(target=self._drain, name="mlflow-logger", daemon=True)
+        self._thread.start()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        now_ms = int(time.time() * 1000)  # stamped now, not when the thread gets to it
+        batch = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
+        run_id = self._logger.run.run_id
+        self._queue.put(lambda: self._logger.client.log_batch(run_id, metrics=batch))
+
+    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        # The caller may delete its file as soon as we return: upload a copy of our own.
+        copy = os.path.join(self._spool, uuid.uuid4().hex, os.path.basename(local_path))
+        os.makedirs(os.path.dirname(copy))
+        shutil.copyfile(local_path, copy)
+
+        def upload() -> None:
+            try:
+                self._logger.log_artifact(copy, artifact_path)
+            finally:
+                shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
+
+        self._queue.put(upload)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        tags = dict(tags)
+        self._queue.put(lambda: self._logger.set_tags(tags))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(self._close_timeout_s)
+        if self._thread.is_alive():
+            log.warning(
+                "MLflow did not take the last %d logging calls within %.0fs; they are dropped",
+                self._queue.qsize(),
+                self._close_timeout_s,
+            )
+        shutil.rmtree(self._spool, ignore_errors=True)
+
+    def _drain(self) -> None:
+        while (call := self._queue.get()) is not None:
+            try:
+                call()
+            except Exception as error:  # noqa: BLE001 - logging must never stop training
+                log.warning("MLflow logging call failed and was dropped: %s", error)
+
+
 def logger_for_rank(is_main: bool, run: RunRef) -> MetricLogger:
     """Rank-0 gating, declared once: rank 0 logs to MLflow, the others log nowhere."""
-    return MlflowLogger(run) if is_main else NullLogger()
+    return BackgroundMlflowLogger(run) if is_main else NullLogger()
+
+
+def close_logger(logger: MetricLogger) -> None:
+    """Flush a logger that buffers (bounded); a no-op for the others."""
+    close = getattr(logger, "close", None)
+    if close is not None:
+        close()
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:

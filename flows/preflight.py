@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ddpflow.config import DASK_ADDRESS_ENV, Settings
 from ddpflow.distributed import RankAssignment, plan_ranks
+from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
 from flows.runner import current_dask_client
 
@@ -19,4 +20,6 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
             f"Dask scheduler {settings.dask_address} is not reachable ({error}). Start it or "
             f"fix {DASK_ADDRESS_ENV}."
         ) from error
+    if settings.rank_resources:  # ranks only on workers that declare them, e.g. GPU=1
+        workers = workers_with_resources(workers, settings.rank_resources, world_size)
     return plan_ranks(workers, world_size)

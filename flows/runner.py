@@ -1,14 +1,48 @@
-"""The DaskTaskRunner every flow uses, built from the environment (DESIGN's contract)."""
+"""The DaskTaskRunner every flow uses, built from the environment (DESIGN's contract).
+
+DDPFLOW_CLUSTER picks the cluster (local, address, cuda, jobqueue, kubernetes; see
+ddpflow.cluster) and DDPFLOW_CLUSTER_OPTIONS (JSON) is passed through to its class.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
+import dask
 import distributed
+from distributed.deploy import Cluster
 from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_API_URL
 from prefect_dask import DaskTaskRunner
 
-from ddpflow.cluster import local_cluster
-from ddpflow.config import Settings
+from ddpflow.cluster import build_cluster, local_cluster, task_placement
+from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
+
+DEFAULT_WAIT_FOR_WORKERS_S = 600.0
+
+
+class PlacingDaskTaskRunner(DaskTaskRunner):
+    """prefect-dask's runner, plus placement: when some workers declare the CPU resource
+    (CPU workers beside GPU workers), tasks (download, format, evaluate, ...) ask for CPU=1,
+    so they run only there and never take a GPU worker's thread from a rank.
+
+    The placement is a `dask.annotate` around each submit, which Dask's Client.submit
+    merges into the task's annotations, so it reaches the scheduler. DDP ranks do not pass
+    through here: the launcher pins them itself.
+    """
+
+    def submit(
+        self,
+        task: Any,
+        parameters: dict[str, Any],
+        wait_for: Any = None,
+        dependencies: Any = None,
+    ) -> Any:
+        if not self._started:
+            return super().submit(task, parameters, wait_for, dependencies)
+        placement = task_placement(self.client.scheduler_info()["workers"])
+        with dask.annotate(**placement):
+            return super().submit(task, parameters, wait_for, dependencies)
 
 
 def prefect_api_url() -> str | None:
@@ -26,20 +60,57 @@ def prefect_api_url() -> str | None:
     return server.api_url if server.running else None
 
 
-def _local_cluster_for_flow(num_workers: int) -> distributed.LocalCluster:
+def _local_cluster_for_flow(num_workers: int, **options: Any) -> distributed.LocalCluster:
     url = prefect_api_url()
-    return local_cluster(num_workers, env={"PREFECT_API_URL": url} if url else None)
+    return local_cluster(num_workers, env={"PREFECT_API_URL": url} if url else None, **options)
+
+
+def _worker_env(kind: str) -> dict[str, str]:
+    # Workers on this host (cuda) can reach the ephemeral API; workers elsewhere (jobqueue,
+    # kubernetes) only a configured server, so only that one is handed to them.
+    url = prefect_api_url() if kind == "cuda" else PREFECT_API_URL.value()
+    return {"PREFECT_API_URL": url} if url else {}
+
+
+def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
+    """Build the cluster, then wait (bounded) until the workers it asked for have joined:
+    queued batch jobs and pending pods take a while, and pre-flight counts workers."""
+    options = dict(options)
+    wait_s = float(options.pop("wait_for_workers_s", DEFAULT_WAIT_FOR_WORKERS_S))
+    expected = options.get("n_workers")
+    cluster = build_cluster(kind, options, env=_worker_env(kind))
+    if expected:
+        try:
+            cluster.wait_for_workers(int(expected), timeout=wait_s)
+        except TimeoutError as error:
+            cluster.close()
+            raise ConfigError(
+                f"the {kind} cluster did not get {expected} workers within {wait_s:g}s "
+                f"({error}); check the queue / pods, or raise wait_for_workers_s in "
+                f"{CLUSTER_OPTIONS_ENV}"
+            ) from None
+    return cluster
 
 
 def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
-    """An existing scheduler when DDPFLOW_DASK_ADDRESS is set, else a LocalCluster per flow run."""
+    """The task runner for DDPFLOW_CLUSTER: an existing scheduler (`address`), or a cluster
+    of the chosen kind started per flow run."""
     settings = settings or Settings.from_env()
-    if settings.dask_address:
+    options = dict(settings.cluster_options)
+    if settings.cluster_kind == "address":
         # A dead scheduler should fail pre-flight in seconds, not after the 30 s default.
-        return DaskTaskRunner(address=settings.dask_address, client_kwargs={"timeout": "10s"})
-    return DaskTaskRunner(
-        cluster_class=_local_cluster_for_flow,
-        cluster_kwargs={"num_workers": settings.num_dask_workers},
+        return PlacingDaskTaskRunner(
+            address=settings.dask_address, client_kwargs={"timeout": "10s"}
+        )
+    if settings.cluster_kind == "local":
+        num_workers = options.pop("n_workers", settings.num_dask_workers)
+        return PlacingDaskTaskRunner(
+            cluster_class=_local_cluster_for_flow,
+            cluster_kwargs={"num_workers": num_workers, **options},
+        )
+    return PlacingDaskTaskRunner(
+        cluster_class=_cluster_for_flow,
+        cluster_kwargs={"kind": settings.cluster_kind, "options": options},
     )
 
 

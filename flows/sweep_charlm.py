@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
+from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.redact import redact_url
 from ddpflow.sweep import (
     SweepConfigError,
@@ -95,7 +96,11 @@ def _plan_trials(params: SweepParams) -> list[TrialSpec]:
 
 
 def _cluster_workers(ranks_per_trial: int) -> list[str]:
-    workers = sorted(current_dask_client().scheduler_info()["workers"])
+    workers = current_dask_client().scheduler_info()["workers"]
+    resources = Settings.from_env().rank_resources
+    if resources:  # e.g. {"GPU": 1}: trials run on GPU workers only
+        workers = workers_with_resources(workers, resources, ranks_per_trial)
+    workers = sorted(workers)
     if ranks_per_trial > len(workers):
         raise ParameterError(
             f"ranks_per_trial={ranks_per_trial} needs {ranks_per_trial} Dask workers per trial "

@@ -15,6 +15,7 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
+from ddpflow.config import Settings
 from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
 from flows.runner import current_dask_client
@@ -56,6 +57,7 @@ def train_ddp(
         timeout_s=rank_timeout_s,
         max_restarts=max_restarts,
         on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
+        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
     )
     if restarts:
         create_markdown_artifact(

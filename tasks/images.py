@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.config import Settings
 from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, log_restart
@@ -82,6 +83,7 @@ def train_ddp(
         timeout_s=rank_timeout_s,
         max_restarts=max_restarts,
         on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
+        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
     )
     if restarts:
         create_markdown_artifact(

@@ -8,6 +8,7 @@ from prefect import task
 from prefect.artifacts import create_table_artifact
 
 from ddpflow.charlm.training import TrainResult
+from ddpflow.config import Settings
 from ddpflow.distributed import launch
 from ddpflow.sweep import TrialJob, trial_rank
 from flows.runner import current_dask_client
@@ -31,6 +32,7 @@ def train_trial(
         world_size=len(workers),
         workers=workers,
         timeout_s=rank_timeout_s,
+        resources=Settings.from_env().rank_resources,
     )
     return results[0]
 

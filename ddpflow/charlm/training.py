@@ -14,7 +14,7 @@ from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.checkpoint import CheckpointStore, build_state, encode
 from ddpflow.distributed.context import RankContext
-from ddpflow.tracking import MetricLogger, RunRef, logger_for_rank
+from ddpflow.tracking import MetricLogger, RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitPlan, fit
 
 LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
@@ -96,6 +96,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
             log_every_steps=job.log_every_steps,
         ),
     )
+    close_logger(logger)  # everything logged is in MLflow before the flow reads it
     latest = store.latest_uri() if ctx.is_main else None
     return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
 

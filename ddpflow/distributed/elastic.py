@@ -18,7 +18,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -57,6 +57,7 @@ def launch_with_restarts(
     max_restarts: int = 2,
     heal_timeout_s: float = 120.0,
     on_restart: Callable[[Restart], None] | None = None,
+    resources: Mapping[str, float] | None = None,
 ) -> tuple[list[R], list[Restart]]:
     """launch() with healing and relaunch on failure; returns the results and the restarts.
 
@@ -70,7 +71,10 @@ def launch_with_restarts(
     size = world_size
     while True:
         try:
-            return launch(client, fn, *args, world_size=size, timeout_s=timeout_s), restarts
+            results = launch(
+                client, fn, *args, world_size=size, timeout_s=timeout_s, resources=resources
+            )
+            return results, restarts
         except LaunchError as error:
             failed = [
                 f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures

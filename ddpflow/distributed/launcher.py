@@ -12,7 +12,7 @@ import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -25,7 +25,12 @@ from ddpflow.distributed.context import (
     find_free_port,
     process_group,
 )
-from ddpflow.distributed.planning import RankAssignment, choose_backend, plan_ranks
+from ddpflow.distributed.planning import (
+    RankAssignment,
+    choose_backend,
+    plan_ranks,
+    workers_with_resources,
+)
 from ddpflow.distributed.reservation import reserve_workers
 
 R = TypeVar("R")
@@ -56,6 +61,7 @@ def launch(
     timeout_s: float = 120.0,
     workers: Sequence[str] | None = None,
     reserve_wait_s: float = 3600.0,
+    resources: Mapping[str, float] | None = None,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
@@ -63,6 +69,8 @@ def launch(
     `workers` restricts the candidates (e.g. a sweep giving each trial its own workers).
     The group's workers are reserved cluster-wide first; while other groups hold them, the
     launch waits up to `reserve_wait_s` (it never starts ranks that would queue).
+    `resources` (e.g. {"GPU": 1}) limits the candidates to workers that declare them, and
+    each rank's task asks the scheduler for them too.
     """
     available = client.scheduler_info()["workers"]
     if workers is not None:
@@ -70,10 +78,12 @@ def launch(
         if missing:
             raise LaunchError(f"workers {missing} are not in the cluster", [])
         available = {addr: info for addr, info in available.items() if addr in workers}
+    if resources:
+        available = workers_with_resources(available, resources, world_size)
     size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
     with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
         plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
-        return _run_group(client, fn, args, plan, timeout_s)
+        return _run_group(client, fn, args, plan, timeout_s, resources)
 
 
 def _run_group(
@@ -82,6 +92,7 @@ def _run_group(
     args: tuple,
     plan: list[RankAssignment],
     timeout_s: float,
+    resources: Mapping[str, float] | None = None,
 ) -> list[R]:
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(client.run(cuda_available, workers=addresses))
@@ -114,6 +125,7 @@ def _run_group(
             args,
             workers=[a.worker_address],
             allow_other_workers=False,
+            resources=dict(resources) if resources else None,
             pure=False,
             key=f"ddp-rank{a.rank}-{launch_id}",
         )

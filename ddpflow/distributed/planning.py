@@ -60,6 +60,35 @@ def plan_ranks(
     ]
 
 
+def workers_with_resources(
+    workers: Mapping[str, Mapping[str, Any]],
+    resources: Mapping[str, float],
+    world_size: int | None = None,
+) -> dict[str, Mapping[str, Any]]:
+    """The workers whose declared Dask resources cover `resources` (e.g. {"GPU": 1}).
+
+    Workers declare resources when they start (`dask worker ... --resources GPU=1`); the
+    scheduler reports them in `scheduler_info()["workers"][addr]["resources"]`.
+    """
+    matching = {
+        addr: info
+        for addr, info in workers.items()
+        if all((info.get("resources") or {}).get(k, 0) >= v for k, v in resources.items())
+    }
+    needed = 1 if world_size is None else world_size
+    if len(matching) < needed:
+        wanted = dict(resources)
+        raise PlanError(
+            f"{'world_size=' + str(world_size) if world_size else 'the DDP group'} needs "
+            f"{needed} Dask worker(s) with resources {wanted}, but {len(matching)} of the "
+            f"{len(workers)} workers declare them ({', '.join(sorted(matching)) or 'none'}). "
+            f"Start workers with `dask worker SCHEDULER --resources "
+            f"{','.join(f'{k}={v:g}' for k, v in wanted.items())}`, lower world_size, or "
+            "ask for fewer resources (DDPFLOW_RANK_RESOURCES)"
+        )
+    return matching
+
+
 def choose_backend(cuda_by_worker: Mapping[str, bool]) -> str:
     """nccl when every rank has a GPU, gloo when none has; a mixed group cannot work."""
     flags = set(cuda_by_worker.values())

@@ -15,7 +15,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from ddpflow.charlm.training import record_checkpoint, resume
 from ddpflow.checkpoint import CheckpointStore, build_state, encode
 from ddpflow.distributed.context import RankContext
-from ddpflow.tracking import RunRef, logger_for_rank
+from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
 from ddpflow.vision.data import ImageSplit, load_split
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
@@ -130,6 +130,7 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
     history = fit(
         built.ddp_model, optimizer, *indices, train.batch, ctx, logger, save_checkpoint, plan, hooks
     )
+    close_logger(logger)  # everything logged is in MLflow before the flow reads it
     latest = store.latest_uri() if ctx.is_main else None
     return ImageTrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
 

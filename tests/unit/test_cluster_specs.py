@@ -1,0 +1,142 @@
+"""infra/ files that cannot run here (no Docker engine, no Kubernetes): parsed and checked.
+
+compose.yaml: it parses and has the services, GPU workers and no secret values.
+Dockerfile: one image from the lock. Kubernetes: the DaskCluster YAML is what ddpflow
+generates from the options file, and each pod/service spec survives a round trip through
+the official Kubernetes client's models (unknown or mistyped fields would not).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ddpflow.cluster import kubernetes_spec
+
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+COMPOSE = INFRA / "docker" / "compose.yaml"
+SECRET_NAMES = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|API_KEY|ROOT_USER", re.I)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_compose_has_the_production_services(compose: dict) -> None:
+    services = compose["services"]
+    for name in (
+        "prefect-server",
+        "prefect-worker",
+        "mlflow",
+        "minio",
+        "minio-init",
+        "dask-scheduler",
+        "dask-cpu-worker",
+        "dask-gpu-worker-0",
+        "dask-gpu-worker-1",
+    ):
+        assert name in services, name
+    images = {s.get("image") for n, s in services.items() if not n.startswith("minio")}
+    assert images == {"ddpflow:latest"}, "one image for the runner and every Dask process"
+    assert services["prefect-worker"]["build"]["dockerfile"] == "infra/docker/Dockerfile"
+
+
+def test_gpu_workers_declare_one_gpu_and_reserve_one_device(compose: dict) -> None:
+    gpu_workers = {n: s for n, s in compose["services"].items() if n.startswith("dask-gpu")}
+    devices = []
+    for service in gpu_workers.values():
+        assert "--resources GPU=1" in service["command"]
+        assert "--nthreads 1" in service["command"]
+        (reservation,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert reservation["driver"] == "nvidia" and reservation["capabilities"] == ["gpu"]
+        devices += reservation["device_ids"]
+    assert sorted(devices) == ["0", "1"], "each GPU worker has its own GPU"
+    cpu = compose["services"]["dask-cpu-worker"]["command"]
+    assert "--resources CPU=" in cpu and "GPU" not in cpu
+
+
+def test_compose_uses_the_contract_variables(compose: dict) -> None:
+    env = compose["services"]["prefect-worker"]["environment"]
+    assert env["DDPFLOW_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
+    assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
+    assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
+    assert env["DDPFLOW_ARTIFACT_ROOT"].startswith("s3://")
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
+    assert json.loads(env["DDPFLOW_RANK_RESOURCES"]) == {"GPU": 1}
+
+
+def test_compose_holds_no_secret_values(compose: dict) -> None:
+    for name, service in compose["services"].items():
+        env = service.get("environment") or {}
+        pairs = env.items() if isinstance(env, dict) else (e.partition("=")[::2] for e in env)
+        leaked = [k for k, v in pairs if SECRET_NAMES.search(k) and not str(v).startswith("${")]
+        assert not leaked, f"{name} has literal secrets {leaked}; use env_file"
+    users = [n for n, s in compose["services"].items() if s.get("env_file")]
+    assert {"minio", "mlflow", "prefect-worker", "dask-gpu-worker-0"} <= set(users)
+    example = (INFRA / "docker" / "ddpflow.env.example").read_text()
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD"):
+        assert f"{key}=" in example
+
+
+def test_dockerfile_installs_the_lock() -> None:
+    text = (INFRA / "docker" / "Dockerfile").read_text()
+    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert "COPY pyproject.toml constraints.txt" in text
+    assert "pip install -c constraints.txt" in text
+    for directory in ("ddpflow", "flows", "tasks", "infra", "deployments"):
+        assert f"COPY {directory} {directory}" in text
+
+
+def _spec_options() -> dict:
+    return json.loads((INFRA / "kubernetes" / "cluster-options.json").read_text())
+
+
+def test_the_shipped_daskcluster_yaml_is_the_generated_spec() -> None:
+    shipped = yaml.safe_load((INFRA / "kubernetes" / "daskcluster.yaml").read_text())
+    assert shipped == kubernetes_spec(_spec_options()), (
+        "regenerate: python -m infra.cluster_specs kubernetes "
+        "infra/kubernetes/cluster-options.json > infra/kubernetes/daskcluster.yaml"
+    )
+
+
+def test_the_daskcluster_spec_validates() -> None:
+    from kubernetes.client import ApiClient
+
+    spec = kubernetes_spec(_spec_options())
+    assert (spec["apiVersion"], spec["kind"]) == ("kubernetes.dask.org/v1", "DaskCluster")
+    assert {"scheduler", "worker"} <= set(spec["spec"])  # required by the CRD
+    api = ApiClient()
+    parts = [
+        (spec["spec"]["worker"]["spec"], "V1PodSpec"),
+        (spec["spec"]["scheduler"]["spec"], "V1PodSpec"),
+        (spec["spec"]["scheduler"]["service"], "V1ServiceSpec"),
+    ]
+    for part, model in parts:
+        parsed = api._ApiClient__deserialize(part, model)  # validates types and required fields
+        assert api.sanitize_for_serialization(parsed) == part, f"{model} lost or changed fields"
+
+
+def test_gpu_workers_in_kubernetes() -> None:
+    spec = kubernetes_spec(_spec_options())
+    (worker,) = spec["spec"]["worker"]["spec"]["containers"]
+    (scheduler,) = spec["spec"]["scheduler"]["spec"]["containers"]
+    assert worker["args"][:6] == ["dask", "worker", "--nthreads", "1", "--resources", "GPU=1"]
+    assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in str(scheduler.get("resources")), "the scheduler needs no GPU"
+    assert scheduler["args"][:2] == ["dask", "scheduler"]
+    assert worker["envFrom"] == [{"secretRef": {"name": "ddpflow-s3"}}]
+    names = {e["name"] for e in worker["env"]}
+    assert "DASK_DISTRIBUTED__WORKER__DAEMON" in names
+    assert not any(SECRET_NAMES.search(n) for n in names), "secrets come from the Secret"
+
+
+def test_a_cpu_only_kubernetes_spec_declares_no_gpu() -> None:
+    spec = kubernetes_spec({"image": "ddpflow:latest", "n_workers": 3})
+    (worker,) = spec["spec"]["worker"]["spec"]["containers"]
+    assert spec["spec"]["worker"]["replicas"] == 3
+    assert "--resources" not in worker["args"]

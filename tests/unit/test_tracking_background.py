@@ -1,0 +1,45 @@
+"""Rank 0's MLflow logger never makes training wait, even for a dead server."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from mlflow.tracking import MlflowClient
+
+from ddpflow.tracking import BackgroundMlflowLogger, RunRef, close_logger, start_run
+
+
+def test_everything_logged_is_in_mlflow_after_close(tmp_path):
+    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    logger = BackgroundMlflowLogger(run)
+    artifact = tmp_path / "epoch-0001.pt"
+    artifact.write_bytes(b"checkpoint bytes")
+    for step in range(1, 6):
+        logger.log_metrics({"train_loss": 1.0 / step}, step=step)
+    logger.log_artifact(str(artifact), "checkpoints")
+    artifact.unlink()  # the caller may delete its file at once
+    logger.set_tags({"ddpflow.latest_checkpoint": "somewhere"})
+    close_logger(logger)
+    client = MlflowClient(run.tracking_uri)
+    assert [m.step for m in client.get_metric_history(run.run_id, "train_loss")] == [1, 2, 3, 4, 5]
+    assert [a.path for a in client.list_artifacts(run.run_id, "checkpoints")] == [
+        "checkpoints/epoch-0001.pt"
+    ]
+    assert client.get_run(run.run_id).data.tags["ddpflow.latest_checkpoint"] == "somewhere"
+
+
+def test_a_dead_server_never_blocks_the_caller(monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    logger = BackgroundMlflowLogger(
+        RunRef(f"http://127.0.0.1:{port}", "0" * 32), close_timeout_s=2.0
+    )
+    started = time.monotonic()
+    for step in range(100):
+        logger.log_metrics({"train_loss": 1.0}, step=step)
+    assert time.monotonic() - started < 0.5, "logging only enqueues"
+    logger.close()
+    assert time.monotonic() - started < 10, "close waits a bounded time"
