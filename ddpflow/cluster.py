@@ -28,6 +28,10 @@ from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 WORKER_CONFIG = {
     "distributed.worker.daemon": False,
     "distributed.worker.profile.enabled": False,
+    # The nanny sets MALLOC_TRIM_THRESHOLD_=65536 on its workers. That pins glibc's trim
+    # threshold, so every training step returns its large buffers to the kernel and faults
+    # them in again: 0.85x torchrun's samples/s with it, 0.99x without (bench/launch.py).
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
 }
 # The same settings as environment variables, for workers started on other machines.
 WORKER_ENV = {

@@ -1,0 +1,121 @@
+"""What every benchmark shares: a result row, the table printer, timers and the machine."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+BENCH_THREADS = 1  # one intra-op thread per process, as ddpflow's ranks run (FIELD-NOTES)
+
+
+@dataclass(frozen=True)
+class Result:
+    """One figure next to the baseline measured in the same run.
+
+    `ratio` is the quantity the target is stated in, and `target` says how it is formed
+    (e.g. "seed/ddpflow time >= 50"); `met` is None for rows given for information only.
+    """
+
+    benchmark: str
+    figure: str
+    value: float
+    baseline: float
+    unit: str
+    ratio: float
+    target: str
+    met: bool | None
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+    percent: bool = False  # the ratio is a share in %, not a factor
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    """(fastest wall time in s, last result): the minimum is the figure least hit by load."""
+    times, result = [], None
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - started)
+    return min(times), result
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def _fmt(value: float, unit: str) -> str:
+    if abs(value) >= 1000:
+        return f"{value:,.0f} {unit}"
+    if abs(value) >= 10:
+        return f"{value:.1f} {unit}"
+    if abs(value) >= 1:
+        return f"{value:.2f} {unit}"
+    return f"{value:.3g} {unit}"
+
+
+def format_table(results: list[Result]) -> str:
+    """A fixed-width table: benchmark, figure, value, baseline, ratio, target, met?."""
+    header = ("benchmark", "figure", "ddpflow", "baseline", "ratio", "target", "met?")
+    rows = [header] + [
+        (
+            r.benchmark,
+            r.figure,
+            _fmt(r.value, r.unit),
+            _fmt(r.baseline, r.unit),
+            f"{r.ratio:.2f} %" if r.percent else f"{r.ratio:.3g}",
+            r.target,
+            {True: "yes", False: "NO", None: "-"}[r.met],
+        )
+        for r in results
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    notes = [f"  [{r.benchmark}/{r.figure}] {r.notes}" for r in results if r.notes]
+    return "\n".join(lines + (["", "notes:", *notes] if notes else []))
+
+
+def load_average() -> tuple[float, float, float]:
+    return os.getloadavg()
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """Enough to tell two result files apart: where, when and with what they ran."""
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "gpu": torch.cuda.get_device_name(0) if cuda else None,
+        "load_average_1_5_15": [round(v, 2) for v in load_average()],
+    }
+
+
+def print_results(title: str, results: list[Result]) -> None:
+    print(f"\n== {title} ==")
+    print(format_table(results))

@@ -1,0 +1,298 @@
+"""Launch overhead: the real flow vs a bare torchrun launch of the same training step.
+
+    .venv/bin/python -m bench.launch [--quick]
+
+(i)  ddpflow: `python -m flows.train_charlm --epochs 1` as a subprocess in a fresh temporary
+     project (its own artifact folder, MLflow SQLite file and PREFECT_HOME, so Prefect's and
+     MLflow's databases are created on the way: a first run in a new project). The flow
+     starts its Prefect API, a 2-worker LocalCluster, runs pre-flight, download, format,
+     creates the MLflow run, launches 2 DDP ranks, trains, evaluates and registers.
+(ii) torchrun: `torchrun --standalone --nproc_per_node=2 bench/torchrun_step.py`, the same
+     data path, model, batch and step, with nothing around it.
+
+Time to the first completed step. Rank 0 timestamps each `train_loss`/`samples_per_s` log
+(every 20 steps) with time.time(), and `samples_per_s` of the first window is
+20 x batch x ranks / (seconds since training started). So for both launches:
+    training start  = t(first log) - 20 x batch x ranks / samples_per_s(first window)
+    first step done = training start + batch x ranks / steady samples/s
+minus the launch time (time.time() taken just before the subprocess starts). The flow's
+values come from MLflow (`get_metric_history`), torchrun's from rank 0's own records;
+torchrun also stamps its first optimizer step directly, which checks the estimate.
+
+Steady-state samples/s: the median of the `samples_per_s` windows after the first (which
+holds the warm-up). In full mode torchrun runs before and after the flow and the baseline is
+the mean of the two, so load that drifts steadily during the run favours neither side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from bench.common import Result, print_results
+from bench.launch_timing import BATCH_SIZE, LOG_EVERY, WORLD_SIZE, Timeline, stages, timeline
+from ddpflow.charlm.corpus import load_names
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+FIRST_STEP_TARGET = 1.5
+STEADY_TARGET = 1.0
+TIMEOUT_S = 540
+QUICK_NAMES = 10_000  # about 60 steps of 2 x 512: three 20-step windows
+
+
+def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
+    """Run to completion with output to `log`; (launch timestamp, wall seconds)."""
+    with log.open("w") as out:
+        launch_ts = time.time()
+        env = {**env, "BENCH_LAUNCH_TS": repr(launch_ts)}
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=TIMEOUT_S)
+        except BaseException:  # a timeout or Ctrl-C: leave no flow, cluster or rank behind
+            os.killpg(proc.pid, signal.SIGKILL)  # its own session: its children go with it
+            proc.wait()
+            raise
+        wall_s = time.time() - launch_ts
+    if code != 0:
+        raise RuntimeError(f"{cmd[:3]} exited {code}:\n{log.read_text()[-4000:]}")
+    return launch_ts, wall_s
+
+
+def _project_env(project: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    env.pop("DDPFLOW_DASK_ADDRESS", None)  # always the flow's own LocalCluster
+    env.update(
+        {
+            "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
+            "DDPFLOW_DASK_WORKERS": str(WORLD_SIZE),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+            "PREFECT_HOME": str(project / ".prefect"),
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PYTHONPATH": str(REPO),
+        }
+    )
+    return env
+
+
+def run_torchrun(project: Path, source: str, tag: str) -> Timeline:
+    cmd = [
+        str(BIN / "torchrun"),
+        "--standalone",
+        f"--nproc_per_node={WORLD_SIZE}",
+        str(REPO / "bench" / "torchrun_step.py"),
+        f"--source={source}",
+        f"--batch-size={BATCH_SIZE}",
+        f"--log-every-steps={LOG_EVERY}",
+    ]
+    log = project / f"torchrun-{tag}.log"
+    launch_ts, wall_s = _run(cmd, project, _project_env(project), log)
+    line = next(x for x in log.read_text().splitlines() if x.startswith("BENCH_RESULT "))
+    report = json.loads(line.removeprefix("BENCH_RESULT "))
+    logs = [(r["time"], r["samples_per_s"]) for r in report["records"]]
+    result = timeline(launch_ts, logs, report["epoch_samples_per_s"][0])
+    return replace(result, total_s=wall_s, direct_first_step_s=report["first_step_ts"] - launch_ts)
+
+
+def run_flow(
+    project: Path, source: str, extra_env: dict[str, str] | None = None
+) -> tuple[Timeline, dict[str, float]]:
+    """The flow's timeline and the launch-relative time of each stage it logged."""
+    project.mkdir()
+    cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
+    cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1"]
+    log = project / "flow.log"
+    launch_ts, wall_s = _run(cmd, project, {**_project_env(project), **(extra_env or {})}, log)
+    from mlflow.tracking import MlflowClient  # here: MLflow's import is slow and only needed here
+
+    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ddpflow-charlm")
+    (run,) = client.search_runs([experiment.experiment_id])
+
+    def history(key: str) -> list:
+        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
+
+    logs = [(m.timestamp / 1000, m.value) for m in history("samples_per_s")]
+    epoch_rate = history("epoch_samples_per_s")[0].value
+    result = replace(timeline(launch_ts, logs, epoch_rate), total_s=wall_s)
+    return result, stages(log.read_text(), launch_ts)
+
+
+def _source(project: Path, quick: bool) -> str:
+    """The shipped corpus, or in quick mode its first names (fewer steps per epoch)."""
+    names, _ = load_names()
+    path = project / "names.json"
+    path.write_text(json.dumps(names[:QUICK_NAMES] if quick else names))
+    return str(path)
+
+
+def _malloc_env(root: Path) -> dict[str, str]:
+    """A DASK_CONFIG folder whose YAML stops the nannies exporting MALLOC_TRIM_THRESHOLD_.
+
+    With MALLOC_TRIM_THRESHOLD_ set, glibc stops adapting its mmap threshold, so the large
+    buffers a training step frees go back to the kernel and the next step faults them in again.
+    """
+    folder = root / "dask-config"
+    folder.mkdir()
+    (folder / "malloc.yaml").write_text(
+        "distributed:\n  nanny:\n    pre-spawn-environ:\n      MALLOC_TRIM_THRESHOLD_: null\n"
+    )
+    return {"DASK_CONFIG": str(folder)}
+
+
+@dataclass(frozen=True)
+class LaunchRuns:
+    flow: Timeline
+    flow_stages: dict[str, float]
+    baselines: list[Timeline]
+    diagnostic: Timeline | None  # the flow with Dask's MALLOC_TRIM_THRESHOLD_ unset
+
+
+def measure(quick: bool, diagnose: bool) -> LaunchRuns:
+    """torchrun, the flow, [the flow without the malloc setting], torchrun again (full)."""
+    with tempfile.TemporaryDirectory(prefix="ddpflow-bench-launch-") as tmp:
+        root = Path(tmp)
+        source = _source(root, quick)
+        baselines = [run_torchrun(root, source, "before")]
+        flow, flow_stages = run_flow(root / "flow", source)
+        diagnostic = None
+        if diagnose:
+            diagnostic, _ = run_flow(root / "flow-malloc", source, _malloc_env(root))
+        if not quick:
+            baselines.append(run_torchrun(root, source, "after"))
+    return LaunchRuns(flow, flow_stages, baselines, diagnostic)
+
+
+def _stage_notes(flow: Timeline, flow_stages: dict[str, float]) -> str:
+    parts = [f"{name} {t:.1f} s" for name, t in flow_stages.items()]
+    parts.append(f"training starts {flow.training_start_s:.1f} s")
+    return "flow stages after launch: " + ", ".join(parts)
+
+
+def _mean(baselines: list[Timeline], key: str) -> float:
+    return sum(getattr(b, key) for b in baselines) / len(baselines)
+
+
+def _results(runs: LaunchRuns) -> list[Result]:
+    flow, baselines = runs.flow, runs.baselines
+    first, direct, steady, epoch, total = (
+        _mean(baselines, key)
+        for key in (
+            "first_step_s",
+            "direct_first_step_s",
+            "steady_samples_per_s",
+            "epoch_samples_per_s",
+            "total_s",
+        )
+    )
+    first_ratio = flow.first_step_s / first
+    steady_ratio = flow.steady_samples_per_s / steady
+    runs_note = f"torchrun: mean of {len(baselines)} run(s)"
+    return [
+        Result(
+            "launch",
+            "launch -> first step done",
+            flow.first_step_s,
+            first,
+            "s",
+            first_ratio,
+            f"flow/torchrun time <= {FIRST_STEP_TARGET:g}",
+            first_ratio <= FIRST_STEP_TARGET,
+            f"{_stage_notes(flow, runs.flow_stages)}; torchrun first step stamped directly at "
+            f"{direct:.1f} s (estimate {first:.1f} s); {runs_note}",
+            {"flow": flow.__dict__, "torchrun": [b.__dict__ for b in baselines]},
+        ),
+        Result(
+            "launch",
+            "steady samples/s",
+            flow.steady_samples_per_s,
+            steady,
+            "samples/s",
+            steady_ratio,
+            f"flow/torchrun rate >= {STEADY_TARGET:g}",
+            steady_ratio >= STEADY_TARGET,
+            "median of the 20-step windows after the first; 2 ranks x batch 512; torchrun "
+            f"runs: {', '.join(f'{b.steady_samples_per_s:,.0f}' for b in baselines)}",
+        ),
+        Result(
+            "launch",
+            "epoch samples/s",
+            flow.epoch_samples_per_s,
+            epoch,
+            "samples/s",
+            flow.epoch_samples_per_s / epoch,
+            "flow/torchrun rate (info)",
+            None,
+            "whole first epoch incl. warm-up; the flow's includes its metric logging",
+        ),
+        Result(
+            "launch",
+            "whole run wall time",
+            flow.total_s,
+            total,
+            "s",
+            flow.total_s / total,
+            "flow/torchrun time (info)",
+            None,
+            "1 epoch; the flow also evaluates and registers the model, torchrun only trains",
+        ),
+    ]
+
+
+def _diagnostic_row(runs: LaunchRuns) -> list[Result]:
+    if runs.diagnostic is None:
+        return []
+    steady = _mean(runs.baselines, "steady_samples_per_s")
+    rate = runs.diagnostic.steady_samples_per_s
+    return [
+        Result(
+            "launch",
+            "steady samples/s, no Dask malloc env",
+            rate,
+            steady,
+            "samples/s",
+            rate / steady,
+            "flow/torchrun rate (diagnostic)",
+            None,
+            "the same flow again with distributed.nanny.pre-spawn-environ."
+            "MALLOC_TRIM_THRESHOLD_ unset (DASK_CONFIG file): what that setting costs",
+        )
+    ]
+
+
+def run(quick: bool = False, diagnose: bool | None = None) -> list[Result]:
+    """`diagnose` (default: in full mode) adds a second flow run without Dask's malloc env."""
+    runs = measure(quick, diagnose=not quick if diagnose is None else diagnose)
+    results = _results(runs)
+    return results[:2] + _diagnostic_row(runs) + results[2:]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.launch",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help=f"first {QUICK_NAMES} names only")
+    parser.add_argument(
+        "--diagnose",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also run the flow without Dask's MALLOC_TRIM_THRESHOLD_ (default: full mode)",
+    )
+    args = parser.parse_args(argv)
+    print_results("launch overhead", run(args.quick, args.diagnose))
+
+
+if __name__ == "__main__":
+    main()
