@@ -15,11 +15,8 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
-from ddpflow.config import Settings
-from ddpflow.distributed.elastic import launch_with_restarts
-from ddpflow.tracking import RunRef, log_restart
-from flows.runner import current_dask_client
-from tasks.restarts import restarts_markdown
+from ddpflow.tracking import RunRef
+from tasks.restarts import train_with_restarts
 
 
 @task(name="download-corpus")
@@ -48,24 +45,16 @@ def train_ddp(
 
     Call it directly from the flow (not .submit) so the launcher runs in the flow process.
     """
-    results, restarts = launch_with_restarts(
-        current_dask_client(),
+    return train_with_restarts(
         train_rank,
         job,
-        world_size=world_size,
-        min_workers=min_workers,
-        timeout_s=rank_timeout_s,
-        max_restarts=max_restarts,
-        on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
-        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+        job.run,
+        "charlm-restarts",
+        world_size,
+        rank_timeout_s,
+        max_restarts,
+        min_workers,
     )
-    if restarts:
-        create_markdown_artifact(
-            markdown=restarts_markdown(job.run, restarts),
-            key="charlm-restarts",
-            description="DDP group restarts",
-        )
-    return results[0]
 
 
 @task(name="evaluate")

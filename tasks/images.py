@@ -5,10 +5,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.config import Settings
-from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, log_restart
+from ddpflow.tracking import RunRef
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
 from ddpflow.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.vision.evaluation import (
@@ -23,8 +21,7 @@ from ddpflow.vision.evaluation import (
 from ddpflow.vision.image_folder import describe_keys
 from ddpflow.vision.model import resolve_weights
 from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
-from flows.runner import current_dask_client
-from tasks.restarts import restarts_markdown
+from tasks.restarts import train_with_restarts
 
 
 @task(name="prepare-digits")
@@ -75,23 +72,9 @@ def train_ddp(
 
     Call it directly from the flow (not .submit) so the launcher runs in the flow process.
     """
-    results, restarts = launch_with_restarts(
-        current_dask_client(),
-        train_rank,
-        job,
-        world_size=world_size,
-        timeout_s=rank_timeout_s,
-        max_restarts=max_restarts,
-        on_restart=lambda restart: log_restart(job.run, restart.attempt, restart.cause),
-        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+    return train_with_restarts(
+        train_rank, job, job.run, "images-restarts", world_size, rank_timeout_s, max_restarts
     )
-    if restarts:
-        create_markdown_artifact(
-            markdown=restarts_markdown(job.run, restarts),
-            key="images-restarts",
-            description="DDP group restarts",
-        )
-    return results[0]
 
 
 @task(name="evaluate-images")

@@ -1,9 +1,53 @@
-"""The restarts of a DDP group as a Prefect markdown artifact (shared by the workloads)."""
+"""One DDP training with healing restarts, shared by the workloads' `train-ddp` tasks."""
 
 from __future__ import annotations
 
-from ddpflow.distributed.elastic import Restart
-from ddpflow.tracking import RunRef
+from collections.abc import Callable
+from typing import Any
+
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.config import Settings
+from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.tracking import RunRef, log_restart
+from flows.runner import current_dask_client
+
+
+def train_with_restarts(
+    rank_fn: Callable[[RankContext, Any], Any],
+    job: Any,
+    run: RunRef,
+    artifact_key: str,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int,
+    min_workers: int | None = None,
+) -> Any:
+    """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
+
+    Runs in the flow process (the caller is a task called directly, not submitted), so no
+    task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
+    run, and all of them are listed in a Prefect artifact.
+    """
+    results, restarts = launch_with_restarts(
+        current_dask_client(),
+        rank_fn,
+        job,
+        world_size=world_size,
+        min_workers=min_workers,
+        timeout_s=rank_timeout_s,
+        max_restarts=max_restarts,
+        on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
+        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+    )
+    if restarts:
+        create_markdown_artifact(
+            markdown=restarts_markdown(run, restarts),
+            key=artifact_key,
+            description="DDP group restarts",
+        )
+    return results[0]
 
 
 def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
