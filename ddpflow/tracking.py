@@ -14,12 +14,18 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+import mlflow
+import mlflow.pytorch
+import numpy as np
+import torch
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
@@ -198,6 +204,37 @@ def log_restart(run: RunRef, attempt: int, cause: str) -> None:
     client.set_tag(run.run_id, "ddpflow.restarts", str(attempt))
     client.set_tag(run.run_id, f"ddpflow.restart.{attempt}.cause", cause[:MAX_PARAM_LEN])
     client.log_metric(run.run_id, "restarts", attempt, step=attempt)
+
+
+def register_pt2_model(
+    run: RunRef,
+    serving: torch.nn.Module,
+    example: np.ndarray,
+    registered_name: str,
+    quiet_warnings: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """Log `serving` to the run in torch.export format with a signature, register it.
+
+    pt2 rather than pickle: loading it needs torch, not ddpflow's classes. Explicit pip
+    requirements skip MLflow's slow dependency inference. `quiet_warnings` are
+    `warnings.filterwarnings` arguments for export notes known to be harmless.
+    """
+    with torch.no_grad():
+        signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
+    mlflow.set_tracking_uri(run.tracking_uri)
+    with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
+        for quiet in quiet_warnings:
+            warnings.filterwarnings("ignore", **quiet)
+        info = mlflow.pytorch.log_model(
+            serving,
+            name="model",
+            signature=signature,
+            input_example=example,
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
+            serialization_format="pt2",
+            registered_model_name=registered_name,
+        )
+    return str(info.registered_model_version)
 
 
 def end_run(run: RunRef, failed: bool = False) -> None:

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import asdict, dataclass
 
-import mlflow
 import numpy as np
 import torch
-from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
@@ -20,7 +17,7 @@ from ddpflow.charlm.sampling import generate_names
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext
-from ddpflow.tracking import RunRef
+from ddpflow.tracking import RunRef, register_pt2_model
 from ddpflow.train_loop import evaluate_loss
 
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
@@ -87,27 +84,13 @@ def save_report(report_dir: str, result: EvalResult, markdown: str) -> list[str]
 
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
-    """Log the checkpoint's model to the run (torch.export format) and register it.
-
-    pt2 (torch.export) rather than pickle: loading it needs torch, not ddpflow's classes.
-    Explicit pip requirements skip MLflow's slow dependency inference.
-    """
+    """Register the checkpoint's model; it serves symbol indices [N, 8] -> logits."""
     model, _ = load_model(checkpoint_uri)
-    serving = LogitsOnly(model).eval()
-    example = np.zeros((2, CONTEXT_LEN), dtype=np.int64)
-    with torch.no_grad():
-        signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
-    mlflow.set_tracking_uri(run.tracking_uri)
-    with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
+    return register_pt2_model(
+        run,
+        LogitsOnly(model).eval(),
+        np.zeros((2, CONTEXT_LEN), dtype=np.int64),
+        registered_name,
         # torch.export notes that nn.LSTM re-assigns its flat weights; harmless for serving.
-        warnings.filterwarnings("ignore", message=".*were assigned during export.*")
-        info = mlflow.pytorch.log_model(
-            serving,
-            name="model",
-            signature=signature,
-            input_example=example,
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            serialization_format="pt2",
-            registered_model_name=registered_name,
-        )
-    return str(info.registered_model_version)
+        quiet_warnings=[{"message": ".*were assigned during export.*"}],
+    )

@@ -5,19 +5,16 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-import warnings
 from dataclasses import dataclass
 
-import mlflow
 import numpy as np
 import torch
 import torch.nn.functional as F
-from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
 from ddpflow.checkpoint import CheckpointStore
-from ddpflow.tracking import RunRef
+from ddpflow.tracking import RunRef, register_pt2_model
 from ddpflow.vision.data import load_split
 from ddpflow.vision.metrics import confusion_matrix, predict
 from ddpflow.vision.model import ImageClassifier, ImageModelConfig, LogitsOnly, build_resnet
@@ -133,27 +130,14 @@ def _percent(value: float | int | None) -> str:
 
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
-    """Log the checkpoint's model to the run (torch.export format) and register it.
-
-    It takes uint8 images [N, 3, S, S] (the formatted layout) and returns logits; pt2
-    rather than pickle, so loading it needs torch, not ddpflow's classes.
-    """
+    """Register the checkpoint's model; it takes uint8 images [N, 3, S, S] (the formatted
+    layout) and returns logits."""
     model, config, _ = load_model(checkpoint_uri)
-    serving = LogitsOnly(model).eval()
     size = config.image_size
-    example = np.zeros((2, 3, size, size), dtype=np.uint8)
-    with torch.no_grad():
-        signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
-    mlflow.set_tracking_uri(run.tracking_uri)
-    with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=UserWarning, module="torch")
-        info = mlflow.pytorch.log_model(
-            serving,
-            name="model",
-            signature=signature,
-            input_example=example,
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}"],
-            serialization_format="pt2",
-            registered_model_name=registered_name,
-        )
-    return str(info.registered_model_version)
+    return register_pt2_model(
+        run,
+        LogitsOnly(model).eval(),
+        np.zeros((2, 3, size, size), dtype=np.uint8),
+        registered_name,
+        quiet_warnings=[{"category": UserWarning, "module": "torch"}],
+    )
