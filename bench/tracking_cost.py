@@ -37,8 +37,7 @@ from ddpflow.batching import epoch_batches
 from ddpflow.charlm.corpus import load_names, split_holdout
 from ddpflow.charlm.formatting import format_names, split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.charlm.training import record_checkpoint
-from ddpflow.checkpoint import CheckpointStore, build_state, encode
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint
 from ddpflow.tracking import MlflowLogger, default_artifact_location, start_run
 
 TARGET_PERCENT = 2.0

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +19,10 @@ import torch
 from torch import nn
 
 from ddpflow import storage
+from ddpflow.tracking import MetricLogger
 
 FORMAT_VERSION = 1
+LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
 POINTER_NAME = "latest.json"
 
 
@@ -106,3 +110,23 @@ class CheckpointStore:
 
 def _is_checkpoint_name(name: str) -> bool:
     return name.startswith("epoch-") and name.endswith(".pt")
+
+
+def resume(store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Load the latest complete checkpoint into model and optimizer; the epoch to start at."""
+    if store.latest_uri() is None:
+        return 0
+    state = store.load()
+    model.load_state_dict(state["model_state"])
+    optimizer.load_state_dict(state["optimizer_state"])
+    return int(state["epoch"])
+
+
+def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
+    """Copy the checkpoint into the MLflow run and tag where the original lives."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+        with open(path, "wb") as f:
+            f.write(data)
+        logger.log_artifact(path, "checkpoints")
+    logger.set_tags({LATEST_CHECKPOINT_TAG: uri})

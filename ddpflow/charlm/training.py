@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -12,12 +10,10 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.checkpoint import CheckpointStore, build_state, encode
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
-from ddpflow.tracking import MetricLogger, RunRef, close_logger, logger_for_rank
+from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitPlan, fit
-
-LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -99,23 +95,3 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     close_logger(logger)  # everything logged is in MLflow before the flow reads it
     latest = store.latest_uri() if ctx.is_main else None
     return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
-
-
-def resume(store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load the latest complete checkpoint into model and optimizer; the epoch to start at."""
-    if store.latest_uri() is None:
-        return 0
-    state = store.load()
-    model.load_state_dict(state["model_state"])
-    optimizer.load_state_dict(state["optimizer_state"])
-    return int(state["epoch"])
-
-
-def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
-    """Copy the checkpoint into the MLflow run and tag where the original lives."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, uri.rsplit("/", 1)[-1])
-        with open(path, "wb") as f:
-            f.write(data)
-        logger.log_artifact(path, "checkpoints")
-    logger.set_tags({LATEST_CHECKPOINT_TAG: uri})

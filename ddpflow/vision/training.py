@@ -12,8 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ddpflow.charlm.training import record_checkpoint, resume
-from ddpflow.checkpoint import CheckpointStore, build_state, encode
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
