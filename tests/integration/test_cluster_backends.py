@@ -1,14 +1,18 @@
 """Each cluster kind built from its setting, for real where this machine allows it.
 
-local: a real LocalCluster. address: a real scheduler to connect to. jobqueue: real
-SLURMCluster / PBSCluster objects (a scheduler in this process) whose job scripts are
-asserted; no job is submitted (no queue here). cuda and kubernetes need GPUs / a
-Kubernetes API: tests/unit/test_cluster_config.py and test_cluster_specs.py cover them.
+local: a real LocalCluster. address: a real scheduler to connect to. cuda: dask-cuda's real
+LocalCUDACluster, started without GPUs through dask-cuda's own test switch (see that test).
+jobqueue: real SLURMCluster / PBSCluster objects (a scheduler in this process) whose job
+scripts are asserted; no job is submitted (no queue here). kubernetes needs a Kubernetes
+API: tests/unit/test_cluster_specs.py validates its spec.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import distributed
@@ -16,6 +20,7 @@ import pytest
 
 from ddpflow.cluster import build_cluster, local_cluster
 from ddpflow.config import Settings
+from ddpflow.distributed import RankContext, launch
 from flows import runner
 from infra.cluster_specs import job_script
 
@@ -43,6 +48,79 @@ def test_address_kind_connects_to_a_running_scheduler(tmp_path: Path) -> None:
             assert client.scheduler.address == cluster.scheduler_address
             client.wait_for_workers(1, timeout=30)
             assert len(client.scheduler_info()["workers"]) == 1
+
+
+def _rank_devices(ctx: RankContext) -> tuple[int, str, str]:
+    return ctx.rank, ctx.backend, os.environ["CUDA_VISIBLE_DEVICES"]
+
+
+def test_cuda_kind_builds_a_local_cuda_cluster_with_rotated_devices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real dask_cuda.LocalCUDACluster, through the settings, as a flow builds it.
+
+    No GPU here, so two things stand in for one: torch.cuda.is_available() says True in
+    this process (ddpflow refuses the cuda kind otherwise), and DASK_CUDA_TEST_DISABLE_
+    DEVICE_SPECIFIC=1 (dask-cuda's own switch for its GPU-less tests) skips the NVML calls
+    for CPU affinity and device-memory spilling; `device_memory_limit: null` likewise. The
+    workers log "Unable to start CUDA Context" and carry on. Everything else is real: the
+    worker processes, their rotated CUDA_VISIBLE_DEVICES, the GPU resource, the environment
+    handed over, and a 2-rank launch that asks for GPU=1 (gloo, as no rank has CUDA).
+    """
+    monkeypatch.setenv("DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC", "1")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setattr("flows.runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
+    options = {"CUDA_VISIBLE_DEVICES": "0,1", "device_memory_limit": None, "n_workers": 2}
+    env = {"DDPFLOW_CLUSTER": "cuda", "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options)}
+    task_runner = runner.dask_task_runner(Settings.from_env(env, project_dir=tmp_path))
+    with (
+        task_runner.cluster_class(**task_runner.cluster_kwargs) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        assert type(cluster).__name__ == "LocalCUDACluster"
+        workers = client.scheduler_info()["workers"].values()
+        assert [(w["nthreads"], w["resources"]) for w in workers] == [(1, {"GPU": 1})] * 2
+        seen = client.run(
+            lambda: (os.environ["CUDA_VISIBLE_DEVICES"], os.environ["PREFECT_API_URL"])
+        )
+        # Each worker's own GPU comes first, so it is that worker's cuda:0.
+        assert sorted(seen.values()) == [
+            ("0,1", "http://127.0.0.1:9/api"),
+            ("1,0", "http://127.0.0.1:9/api"),
+        ]
+        ranks = launch(client, _rank_devices, world_size=2, timeout_s=30, resources={"GPU": 1})
+        assert [r[:2] for r in ranks] == [(0, "gloo"), (1, "gloo")]
+        assert sorted(r[2].split(",")[0] for r in ranks) == ["0", "1"], "one GPU per rank"
+
+
+def test_dask_cuda_worker_joins_a_scheduler_with_one_gpu_worker_per_device() -> None:
+    """The documented way to add a multi-GPU host to a long-lived scheduler (the stack's, the
+    `address` kind): `dask cuda worker ADDRESS --resources GPU=1`, a real process here. No
+    GPU, so dask-cuda's DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC switch and
+    `--device-memory-limit 0` keep it from NVML, as in the test above."""
+    dask = Path(sys.executable).with_name("dask")
+    env = {**os.environ, "DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC": "1"}
+    env["CUDA_VISIBLE_DEVICES"] = "0,1"  # the host's two GPUs
+    # The workers import the rank function's module from pytest's sys.path, as spawned
+    # LocalCluster workers do.
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    with (
+        local_cluster(0) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        command = [str(dask), "cuda", "worker", cluster.scheduler_address]
+        command += ["--resources", "GPU=1", "--nthreads", "1", "--host", "127.0.0.1"]
+        command += ["--device-memory-limit", "0", "--no-dashboard"]
+        worker = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
+        try:
+            client.wait_for_workers(2, timeout=60)
+            devices = client.run(lambda: os.environ["CUDA_VISIBLE_DEVICES"])
+            assert sorted(devices.values()) == ["0,1", "1,0"]
+            ranks = launch(client, _rank_devices, world_size=2, timeout_s=30, resources={"GPU": 1})
+            assert sorted(r[2].split(",")[0] for r in ranks) == ["0", "1"]
+        finally:
+            worker.terminate()
+            worker.wait(30)
 
 
 def _options(name: str) -> dict:
