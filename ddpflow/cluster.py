@@ -33,10 +33,14 @@ WORKER_CONFIG = {
     # them in again: 0.85x torchrun's samples/s with it, 0.99x without (bench/launch.py).
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
 }
-# The same settings as environment variables, for workers started on other machines.
+# The same settings as environment variables, for `dask worker` processes ddpflow does not
+# start itself (the stack, the image, job scripts, pods); a unit test parses them as Dask
+# does and compares. Dask lowercases the names of DASK_* variables, so the upper-case
+# MALLOC_TRIM_THRESHOLD_ goes inside a dict literal, which Dask merges into the defaults.
 WORKER_ENV = {
     "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
+    "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
 }
 # Dask worker resources: a GPU worker declares GPU=1 (`dask worker ... --resources GPU=1`),
 # a CPU-only worker beside GPU workers CPU=<threads>; see task_placement.

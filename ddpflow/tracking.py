@@ -90,12 +90,18 @@ class BackgroundMlflowLogger:
     with it every other rank at the next collective (MLflow's client retries a failing server
     for minutes). A call that fails is reported and dropped; training goes on. `close()`
     waits a bounded time for what is queued.
+
+    A restarted attempt re-runs the steps after its checkpoint that an earlier attempt
+    already logged. Those (key, step) points are skipped, so every metric has each step
+    once: resume is exact, so the earlier attempt logged the same loss. What was logged
+    before is read from MLflow the first time each key is logged (on this thread).
     """
 
     def __init__(self, run: RunRef, close_timeout_s: float = 60.0):
         self._logger = MlflowLogger(run)
         self._close_timeout_s = close_timeout_s
         self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
+        self._logged_before: dict[str, int] = {}  # key -> last step an earlier attempt logged
         self._spool = tempfile.mkdtemp(prefix="ddpflow-mlflow-")
         self._thread = threading.Thread(target=self._drain, name="mlflow-logger", daemon=True)
         self._thread.start()
@@ -103,8 +109,7 @@ class BackgroundMlflowLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         now_ms = int(time.time() * 1000)  # stamped now, not when the thread gets to it
         batch = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
-        run_id = self._logger.run.run_id
-        self._queue.put(lambda: self._logger.client.log_batch(run_id, metrics=batch))
+        self._queue.put(lambda: self._log_new(batch))
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
         # The caller may delete its file as soon as we return: upload a copy of our own.
@@ -134,6 +139,17 @@ class BackgroundMlflowLogger:
                 self._close_timeout_s,
             )
         shutil.rmtree(self._spool, ignore_errors=True)
+
+    def _log_new(self, batch: list[Metric]) -> None:
+        new = [m for m in batch if m.step > self._last_step_logged_before(m.key)]
+        if new:
+            self._logger.client.log_batch(self._logger.run.run_id, metrics=new)
+
+    def _last_step_logged_before(self, key: str) -> int:
+        if key not in self._logged_before:
+            history = self._logger.client.get_metric_history(self._logger.run.run_id, key)
+            self._logged_before[key] = max((m.step for m in history), default=-1)
+        return self._logged_before[key]
 
     def _drain(self) -> None:
         while (call := self._queue.get()) is not None:

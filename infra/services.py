@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddpflow.cluster import WORKER_ENV
 from infra.procs import (
     Service,
     ServiceError,
@@ -134,15 +135,8 @@ def start_dask(
 ) -> tuple[Service, Service]:
     """A Dask scheduler and num_workers worker processes (1 thread each, under nannies)."""
     address = f"tcp://127.0.0.1:{scheduler_port}"
-    dask_env = base_env(
-        {
-            **env,
-            # Ranks may start DataLoader processes, which daemonic workers cannot have.
-            "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
-            # The sampling profiler costs the ranks ~8 % of throughput on 2 cores.
-            "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",
-        }
-    )
+    # ddpflow.cluster.WORKER_ENV: non-daemonic workers, no profiler, no MALLOC_TRIM_THRESHOLD_.
+    dask_env = base_env({**env, **WORKER_ENV})
     argv = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(scheduler_port)]
     # No bokeh here, so no dashboard; its HTTP server (health, metrics) still starts, on
     # 0.0.0.0:8787 unless told otherwise.

@@ -103,3 +103,21 @@ def test_image_flow_trains_with_two_nccl_ranks(gpu_workers, tmp_path: Path) -> N
     assert done.returncode == 0, output[-4000:]
     assert "world size         2 ranks" in output
     assert "launching 2 ranks (nccl)" in output
+
+
+def test_the_cuda_kind_runs_nccl_ranks_one_per_gpu() -> None:
+    """DDPFLOW_CLUSTER=cuda: dask-cuda's LocalCUDACluster, one worker per GPU, each rank on
+    its worker's cuda:0 (a different physical GPU per rank)."""
+    import distributed
+
+    from ddpflow.cluster import build_cluster
+    from ddpflow.distributed import launch
+
+    with (
+        build_cluster("cuda", {"CUDA_VISIBLE_DEVICES": "0,1"}) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        results = launch(client, _nccl_rank, world_size=2, timeout_s=120, resources={"GPU": 1})
+    assert [r[:2] for r in results] == [("nccl", "cuda:0"), ("nccl", "cuda:0")]
+    assert len({r[2] for r in results}) == 2, "each rank on its own physical GPU"
+    assert [r[3] for r in results] == [3.0, 3.0]

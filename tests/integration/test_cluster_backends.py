@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -143,6 +144,8 @@ def test_slurm_job_script_from_the_shipped_example() -> None:
     assert prologue == [
         "export DASK_DISTRIBUTED__WORKER__DAEMON=False",
         "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
+        "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
+        + shlex.quote("{'MALLOC_TRIM_THRESHOLD_': None}"),
         "module load cuda",
         "source $HOME/ddpflow/.venv/bin/activate",
     ]

@@ -125,6 +125,8 @@ def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
     assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
     assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps and len(steps) == len(set(steps)), "the re-run steps are not logged twice"
 
 
 def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, reference, tmp_path):

@@ -72,13 +72,14 @@ def stack_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackState
 
 @pytest.mark.timeout(240)
 def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.MonkeyPatch):
-    def dask_settings() -> tuple[bool, bool, str]:
+    def dask_settings() -> tuple[bool, bool, str, str | None]:
         import dask  # runs on each worker (nested, so cloudpickle ships it by value)
 
         return (
             dask.config.get("distributed.worker.daemon"),
             dask.config.get("distributed.worker.profile.enabled"),
             os.environ.get("PYTHONPATH", ""),
+            os.environ.get("MALLOC_TRIM_THRESHOLD_"),  # the nanny's default is 65536
         )
 
     env = stack_state.env
@@ -91,7 +92,8 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
         assert len(client.nthreads()) == NUM_WORKERS
         # The workers run with the settings DDP ranks need.
         config = client.run(dask_settings)
-        assert all(v == (False, False, str(services.REPO)) for v in config.values()), config
+        expected = (False, False, str(services.REPO), None)
+        assert all(v == expected for v in config.values()), config
 
     worker = stack_state.service("prefect-worker")
     url = f"{env['PREFECT_API_URL']}/work_pools/{WORK_POOL}/workers/filter"

@@ -198,3 +198,18 @@ def test_mixed_devices_are_rejected_by_name() -> None:
 
 def test_the_gpu_and_cpu_resource_names() -> None:
     assert (cluster.GPU_RESOURCE, cluster.CPU_RESOURCE) == ("GPU", "CPU")
+
+
+def test_worker_env_is_worker_config_as_dask_reads_it() -> None:
+    """What `dask worker` processes get through WORKER_ENV equals what ddpflow's own
+    clusters get through WORKER_CONFIG, and the nanny's other defaults survive."""
+    import copy
+
+    import dask
+
+    defaults = copy.deepcopy(dask.config.config)
+    parsed = dask.config.update(defaults, dask.config.collect_env(dict(cluster.WORKER_ENV)))
+    for key, value in cluster.WORKER_CONFIG.items():
+        assert dask.config.get(key, config=parsed) == value, key
+    environ = dask.config.get("distributed.nanny.pre-spawn-environ", config=parsed)
+    assert environ["MALLOC_TRIM_THRESHOLD_"] is None and environ["OMP_NUM_THREADS"] == 1

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpflow.cluster import kubernetes_spec
+from ddpflow.cluster import WORKER_ENV, kubernetes_spec
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 COMPOSE = INFRA / "docker" / "compose.yaml"
@@ -90,6 +90,8 @@ def test_dockerfile_installs_the_lock() -> None:
     assert "pip install -c constraints.txt" in text
     for directory in ("ddpflow", "flows", "tasks", "infra", "deployments"):
         assert f"COPY {directory} {directory}" in text
+    for name, value in WORKER_ENV.items():  # the image's workers get ddpflow's settings
+        assert f"{name}={value}" in text or f'{name}="{value}"' in text, name
 
 
 def _spec_options() -> dict:

@@ -43,3 +43,21 @@ def test_a_dead_server_never_blocks_the_caller(monkeypatch):
     assert time.monotonic() - started < 0.5, "logging only enqueues"
     logger.close()
     assert time.monotonic() - started < 10, "close waits a bounded time"
+
+
+def test_a_restarted_attempt_does_not_log_a_step_twice(tmp_path):
+    """Attempt 1 logs steps 1-7 and dies; attempt 2 resumes from the checkpoint at step 4
+    and logs 5-10 again: each step is in MLflow once, with attempt 1's value up to 7."""
+    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    first = BackgroundMlflowLogger(run)
+    for step in range(1, 8):
+        first.log_metrics({"train_loss": float(step)}, step=step)
+    close_logger(first)
+    second = BackgroundMlflowLogger(run)
+    for step in range(5, 11):
+        second.log_metrics({"train_loss": float(step) + 0.5, "lr": 0.1}, step=step)
+    close_logger(second)
+    client = MlflowClient(run.tracking_uri)
+    history = sorted((m.step, m.value) for m in client.get_metric_history(run.run_id, "train_loss"))
+    assert history == [(s, float(s)) for s in range(1, 8)] + [(s, s + 0.5) for s in (8, 9, 10)]
+    assert [m.step for m in client.get_metric_history(run.run_id, "lr")] == list(range(5, 11))
