@@ -33,6 +33,7 @@ WORKER_CONFIG = {
     # them in again: 0.85x torchrun's samples/s with it, 0.99x without (bench/launch.py).
     "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
 }
+PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 # The same settings as environment variables, for `dask worker` processes ddpflow does not
 # start itself (the stack, the image, job scripts, pods); a unit test parses them as Dask
 # does and compares. Dask lowercases the names of DASK_* variables, so the upper-case
@@ -101,8 +102,10 @@ def local_cluster(
     dask.config.set(WORKER_CONFIG)
     if quiet:
         # Dask's INFO lines (every nanny and client start/stop) drown the flow's own output;
-        # warnings and errors still show. (Worker processes reset their own logging.)
+        # warnings and errors still show. Worker processes set up their logging when they
+        # import distributed, before the nanny's `env` reaches them: so a pre-spawn variable.
         logging.getLogger("distributed").setLevel(logging.WARNING)
+        dask.config.set({f"{PRE_SPAWN_ENVIRON}.DASK_LOGGING__DISTRIBUTED": "warning"})
     kwargs: dict[str, Any] = {
         "threads_per_worker": 1,
         "processes": True,

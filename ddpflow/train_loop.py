@@ -83,6 +83,9 @@ def fit(
     hooks = hooks or FitHooks()
     history = []
     steps_per_epoch = len(_batches(train_data, plan, ctx, 0))
+    progress = _Progress(ctx, plan.epochs, steps_per_epoch)
+    if plan.start_epoch > 0:
+        progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
     for epoch in range(plan.start_epoch, plan.epochs):
         # Dropout (and any other torch RNG use) depends only on (seed, rank, epoch): a run
         # resumed from an epoch's checkpoint continues exactly as if never interrupted.
@@ -99,6 +102,7 @@ def fit(
             epoch,
             first_step=epoch * steps_per_epoch,
             step_metrics=hooks.step_metrics,
+            progress=progress,
         )
         elapsed = time.perf_counter() - started
         val_metrics = _validate(model, val_data, to_batch, ctx, plan, hooks)
@@ -107,6 +111,7 @@ def fit(
             epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed, val_metrics
         )
         _log_epoch(logger, stats)
+        progress.epoch_done(stats)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(stats)
         if ctx.is_main:
@@ -171,8 +176,48 @@ class _Window:
         }
 
 
+class _Progress:
+    """Rank 0's progress lines for the flow's log (RankContext.report): one per epoch, and
+    within an epoch one at most every `every_s` seconds, so short epochs stay quiet."""
+
+    def __init__(self, ctx: RankContext, epochs: int, steps_per_epoch: int, every_s: float = 30):
+        self.ctx, self.epochs, self.steps = ctx, epochs, steps_per_epoch
+        self.every_s = every_s
+        self.last = time.monotonic()
+
+    def report(self, message: str) -> None:
+        if self.ctx.is_main:
+            self.ctx.report(message)
+            self.last = time.monotonic()
+
+    def step(self, epoch: int, step: int, train_loss: float) -> None:
+        if time.monotonic() - self.last >= self.every_s:
+            self.report(
+                f"epoch {epoch + 1}/{self.epochs}: step {step}/{self.steps} "
+                f"({100 * step / self.steps:.0f} %), train loss {train_loss:.4f}"
+            )
+
+    def epoch_done(self, stats: EpochStats) -> None:
+        extra = "".join(f", {k} {v:.4f}" for k, v in stats.val_metrics.items())
+        self.report(
+            f"epoch {stats.epoch}/{self.epochs} done: train loss {stats.train_loss:.4f}, "
+            f"val loss {stats.val_loss:.4f}{extra}, {stats.samples_per_s:,.0f} samples/s, "
+            f"{stats.epoch_time_s:.1f} s"
+        )
+
+
 def _train_epoch(
-    model, optimizer, data, to_batch, ctx, logger, plan, epoch, first_step, step_metrics=None
+    model,
+    optimizer,
+    data,
+    to_batch,
+    ctx,
+    logger,
+    plan,
+    epoch,
+    first_step,
+    step_metrics=None,
+    progress: _Progress | None = None,
 ):
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
@@ -189,7 +234,10 @@ def _train_epoch(
         extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
         window.add(batch_loss, len(index), extra)
         if (i + 1) % plan.log_every_steps == 0:
-            logger.log_metrics(window.metrics(ctx.world_size), step=first_step + i + 1)
+            metrics = window.metrics(ctx.world_size)
+            logger.log_metrics(metrics, step=first_step + i + 1)
+            if progress is not None:
+                progress.step(epoch, i + 1, metrics["train_loss"])
             window = _Window()
     _all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
 from ddpflow.config import Settings
@@ -40,6 +41,7 @@ def train_with_restarts(
         max_restarts=max_restarts,
         on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
         resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+        on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
     )
     if restarts:
         create_markdown_artifact(

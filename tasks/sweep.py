@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_table_artifact
 
 from ddpflow.charlm.training import TrainResult
@@ -33,6 +33,7 @@ def train_trial(
         workers=workers,
         timeout_s=rank_timeout_s,
         resources=Settings.from_env().rank_resources,
+        on_progress=get_run_logger().info,  # in this trial task's log
     )
     return results[0]
 

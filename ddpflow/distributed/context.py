@@ -35,11 +35,29 @@ class RankContext:
     world_size: int
     device: torch.device
     backend: str
+    # The Dask event topic the launcher follows for this group (None: nobody listens).
+    progress_topic: str | None = None
 
     @property
     def is_main(self) -> bool:
         """Rank 0 owns IO: MLflow logging and checkpoint writes."""
         return self.rank == 0
+
+    def report(self, message: str) -> None:
+        """A progress line for whoever launched the group (the flow's log), sent as a Dask
+        event; it never blocks or fails the rank."""
+        if self.progress_topic is None:
+            return
+        try:
+            import distributed
+
+            distributed.get_worker().log_event(self.progress_topic, message)
+        except (ValueError, RuntimeError):  # not in a Dask worker: nobody to tell
+            pass
+
+
+def progress_topic(launch_id: str) -> str:
+    return f"ddpflow-progress-{launch_id}"
 
 
 @contextmanager
@@ -58,7 +76,8 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
     try:
         # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
         device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
-        yield RankContext(spec.rank, spec.world_size, device, spec.backend)
+        topic = progress_topic(spec.launch_id)
+        yield RankContext(spec.rank, spec.world_size, device, spec.backend, topic)
     finally:
         dist.destroy_process_group()
 

@@ -58,6 +58,7 @@ def launch_with_restarts(
     heal_timeout_s: float = 120.0,
     on_restart: Callable[[Restart], None] | None = None,
     resources: Mapping[str, float] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> tuple[list[R], list[Restart]]:
     """launch() with healing and relaunch on failure; returns the results and the restarts.
 
@@ -72,7 +73,13 @@ def launch_with_restarts(
     while True:
         try:
             results = launch(
-                client, fn, *args, world_size=size, timeout_s=timeout_s, resources=resources
+                client,
+                fn,
+                *args,
+                world_size=size,
+                timeout_s=timeout_s,
+                resources=resources,
+                on_progress=on_progress,
             )
             return results, restarts
         except LaunchError as error:

@@ -8,11 +8,12 @@ starts, so a rank that never starts is named precisely instead of surfacing as a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -24,6 +25,7 @@ from ddpflow.distributed.context import (
     cuda_available,
     find_free_port,
     process_group,
+    progress_topic,
 )
 from ddpflow.distributed.planning import (
     RankAssignment,
@@ -62,6 +64,7 @@ def launch(
     workers: Sequence[str] | None = None,
     reserve_wait_s: float = 3600.0,
     resources: Mapping[str, float] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
@@ -71,6 +74,8 @@ def launch(
     launch waits up to `reserve_wait_s` (it never starts ranks that would queue).
     `resources` (e.g. {"GPU": 1}) limits the candidates to workers that declare them, and
     each rank's task asks the scheduler for them too.
+    `on_progress` gets each line a rank sends with `ctx.report()`, in order, in this process
+    (e.g. the flow's run logger): training is otherwise silent in the flow's log.
     """
     available = client.scheduler_info()["workers"]
     if workers is not None:
@@ -83,7 +88,7 @@ def launch(
     size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
     with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
         plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
-        return _run_group(client, fn, args, plan, timeout_s, resources)
+        return _run_group(client, fn, args, plan, timeout_s, resources, on_progress)
 
 
 def _run_group(
@@ -93,6 +98,7 @@ def _run_group(
     plan: list[RankAssignment],
     timeout_s: float,
     resources: Mapping[str, float] | None = None,
+    on_progress: Callable[[str], None] | None = None,
 ) -> list[R]:
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(client.run(cuda_available, workers=addresses))
@@ -132,12 +138,47 @@ def _run_group(
         for a in plan
     ]
     try:
-        _wait_for_start(client, plan, futures, launch_id, timeout_s)
-        _wait_all_or_first_failure(plan, futures)
+        with _following(client, progress_topic(launch_id), on_progress):
+            _wait_for_start(client, plan, futures, launch_id, timeout_s)
+            _wait_all_or_first_failure(plan, futures)
         return [f.result() for f in futures]
     finally:
         # A rank pinned to a dead worker stays pending forever unless cancelled.
         client.cancel([f for f in futures if not f.done()], force=True)
+
+
+@contextlib.contextmanager
+def _following(
+    client: distributed.Client, topic: str, on_progress: Callable[[str], None] | None
+) -> Iterator[None]:
+    """Pass the group's progress events to `on_progress` while it runs, then any that had
+    not arrived yet (events reach subscribers asynchronously; the scheduler keeps them)."""
+    if on_progress is None:
+        yield
+        return
+    seen: set[tuple[float, str]] = set()
+
+    def deliver(event: tuple[float, Any]) -> None:
+        key = (event[0], str(event[1]))
+        if key in seen:
+            return
+        seen.add(key)
+        try:
+            on_progress(key[1])
+        except Exception as error:  # noqa: BLE001 - runs on the client's event loop
+            log.debug("progress handler failed: %s", error)
+
+    # An event sent before the subscription reaches the scheduler is delivered at the end.
+    client.subscribe_topic(topic, deliver)
+    try:
+        yield
+    finally:
+        client.unsubscribe_topic(topic)
+        try:
+            for event in client.get_events(topic):
+                deliver(event)
+        except Exception as error:  # noqa: BLE001 - progress must never fail the launch
+            log.debug("could not fetch the last progress events of %s: %s", topic, error)
 
 
 def _spec(

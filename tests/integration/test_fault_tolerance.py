@@ -136,6 +136,7 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, refe
     code, output = finish(proc)
     assert code == 0, output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
+    assert "resuming after epoch " in output, "the relaunched rank 0 says where it resumes"
     assert_same_weights(final_weights(tmp_path), reference)
     artifact = subprocess.run(
         [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts"],

@@ -46,6 +46,20 @@ def test_two_ranks_form_one_group_one_thread_each(dask_client):
     assert all(r[1] == 2 and r[2] == 3.0 and r[3] == 1 for r in results)
 
 
+def _report_three_times(ctx: RankContext) -> int:
+    for i in range(3):
+        if ctx.is_main:
+            ctx.report(f"progress {i}")
+        dist.barrier()
+    return ctx.rank
+
+
+def test_rank_reports_reach_the_launching_process_in_order(dask_client):
+    lines: list[str] = []
+    launch(dask_client, _report_three_times, world_size=2, timeout_s=30, on_progress=lines.append)
+    assert lines == ["progress 0", "progress 1", "progress 2"]
+
+
 def test_a_failing_rank_is_named_with_its_worker_and_cause(dask_client):
     workers = sorted(dask_client.scheduler_info()["workers"])
     with pytest.raises(LaunchError) as info:

@@ -121,6 +121,10 @@ def test_summary_prints_run_names_checkpoints_and_ui_command(trained):
     names = names_line.split("generated names", 1)[1].strip().split(", ")
     assert len(names) == 10 and any(n != "(empty)" for n in names)
     assert "mlflow ui --backend-store-uri sqlite:///" in out
+    # Rank 0's progress reaches the flow's log, once per epoch.
+    done = [line for line in out.splitlines() if "done: train loss" in line]
+    assert [line.split("epoch ")[1][:3] for line in done] == [f"{e}/{EPOCHS}" for e in (1, 2, 3)]
+    assert all("train-ddp" in line and "samples/s" in line for line in done), done
     text = trained["client"].download_artifacts(run_id, "evaluation/generated_names.txt")
     assert len(Path(text).read_text().split("\n")) >= 10
 
