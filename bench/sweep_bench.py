@@ -26,7 +26,7 @@ from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.charlm.training import TrainResult
 from ddpflow.cluster import local_cluster
-from ddpflow.distributed import RankSpec, launch
+from ddpflow.distributed import RankSpec, cluster_workers, launch
 from ddpflow.distributed.context import find_free_port, process_group
 from ddpflow.sweep import (
     SweepSetup,
@@ -69,7 +69,7 @@ def on_cluster(
         client.wait_for_workers(num_workers, timeout=120)
         client.run(importlib.import_module, "ddpflow.sweep.trial")  # torch + mlflow imports
         startup_s = time.perf_counter() - started
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(cluster_workers(client))
 
         def train(job: TrialJob, assigned: list[str]) -> TrainResult:
             return launch(

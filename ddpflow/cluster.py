@@ -245,7 +245,7 @@ def task_placement(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     as many as threads); GPU workers declare GPU only. A task that asks for CPU=1 then never
     runs on a GPU worker, work stealing included, and a restarted CPU worker declares it
     again. Without any CPU worker the tasks run anywhere. `workers` is
-    `Client.scheduler_info()["workers"]`.
+    `ddpflow.distributed.cluster_workers(client)`.
     """
     if any((info.get("resources") or {}).get(CPU_RESOURCE, 0) > 0 for info in workers.values()):
         return {"resources": {CPU_RESOURCE: 1}}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ddpflow.config import DASK_ADDRESS_ENV, Settings
-from ddpflow.distributed import RankAssignment, plan_ranks
+from ddpflow.distributed import RankAssignment, cluster_workers, plan_ranks
 from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
 from flows.runner import current_dask_client
@@ -14,7 +14,7 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
     check_artifact_store(settings.artifact_root)
     check_tracking(settings.tracking_uri)
     try:
-        workers = current_dask_client().scheduler_info()["workers"]
+        workers = cluster_workers(current_dask_client())
     except OSError as error:  # distributed raises OSError/TimeoutError when it cannot connect
         raise PreflightError(
             f"Dask scheduler {settings.dask_address} is not reachable ({error}). Start it or "

@@ -17,6 +17,7 @@ from prefect_dask import DaskTaskRunner
 
 from ddpflow.cluster import build_cluster, local_cluster, task_placement
 from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
+from ddpflow.distributed import cluster_workers
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 
@@ -40,7 +41,7 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
     ) -> Any:
         if not self._started:
             return super().submit(task, parameters, wait_for, dependencies)
-        placement = task_placement(self.client.scheduler_info()["workers"])
+        placement = task_placement(cluster_workers(self.client))
         with dask.annotate(**placement):
             return super().submit(task, parameters, wait_for, dependencies)
 

@@ -17,7 +17,8 @@ from prefect.runtime import flow_run
 
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
-from ddpflow.distributed.planning import workers_with_resources
+from ddpflow.distributed import cluster_workers
+from ddpflow.distributed.planning import PlanError, workers_with_resources
 from ddpflow.redact import redact_url
 from ddpflow.sweep import (
     SweepConfigError,
@@ -96,7 +97,7 @@ def _plan_trials(params: SweepParams) -> list[TrialSpec]:
 
 
 def _cluster_workers(ranks_per_trial: int) -> list[str]:
-    workers = current_dask_client().scheduler_info()["workers"]
+    workers = cluster_workers(current_dask_client())
     resources = Settings.from_env().rank_resources
     if resources:  # e.g. {"GPU": 1}: trials run on GPU workers only
         workers = workers_with_resources(workers, resources, ranks_per_trial)
@@ -157,6 +158,14 @@ def _parent_params(
     }
 
 
+def _eligible_workers() -> list[str]:
+    """The workers that may run trial ranks now (the slots follow restarts with it)."""
+    try:
+        return _cluster_workers(ranks_per_trial=1)
+    except (ParameterError, PlanError):  # none right now: a restart may be under way
+        return []
+
+
 def _run_trials(
     specs: list[TrialSpec], setup: SweepSetup, workers: list[str], params: SweepParams
 ) -> list[TrialOutcome]:
@@ -165,7 +174,7 @@ def _run_trials(
     for outcome in rejected:
         print(f"{outcome.spec.name} rejected: {outcome.error}")
     valid = [s for s in specs if s.valid]
-    slots = WorkerSlots(workers)
+    slots = WorkerSlots(workers, current=_eligible_workers)  # follows restarted workers
     print(
         f"sweep: {len(valid)} trials to train, up to "
         f"{slots.max_concurrent(params.ranks_per_trial)} at a time on {len(workers)} workers "

@@ -24,7 +24,7 @@ from typing import Any, TypeVar
 
 import distributed
 
-from ddpflow.distributed.launcher import LaunchError, launch
+from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -116,7 +116,7 @@ def unresponsive_workers(
     client: distributed.Client, timeout_s: float = PING_TIMEOUT_S
 ) -> list[str]:
     """Workers that do not run a trivial function within `timeout_s` (stopped, wedged)."""
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(cluster_workers(client))
     if not workers:
         return []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(workers))
@@ -136,12 +136,12 @@ def _next_world_size(
     client: distributed.Client, world_size: int | None, min_workers: int | None, timeout_s: float
 ) -> int | None:
     """Wait for the full group; settle for `min_workers` when the cluster stays smaller."""
-    wanted = world_size or len(client.scheduler_info()["workers"])
+    wanted = world_size or len(cluster_workers(client))
     try:
         client.wait_for_workers(wanted, timeout=timeout_s)
         return world_size
     except TimeoutError:
-        available = len(client.scheduler_info()["workers"])
+        available = len(cluster_workers(client))
         floor = min_workers if min_workers is not None else wanted
         if available >= max(1, floor):
             log.warning("continuing with %d ranks instead of %d", available, wanted)

@@ -38,6 +38,7 @@ from ddpflow.distributed.reservation import reserve_workers
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 POLL_S = 0.25
+WORKER_CHECK_S = 1.0  # how often a running group checks that its workers are still there
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,16 @@ class RankFailure:
     rank: int
     worker_address: str
     cause: str
+
+
+def cluster_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:
+    """Every worker the scheduler has now: address -> info (nthreads, resources, name).
+
+    Asks the scheduler each time. `Client.scheduler_info()` returns a cache instead, which
+    the client's own periodic refresh replaces every 2 s with a copy that lists no workers,
+    so a read that races the refresh sees an empty cluster.
+    """
+    return dict(client.sync(client.scheduler.identity, n_workers=-1)["workers"])
 
 
 class LaunchError(RuntimeError):
@@ -77,7 +88,7 @@ def launch(
     `on_progress` gets each line a rank sends with `ctx.report()`, in order, in this process
     (e.g. the flow's run logger): training is otherwise silent in the flow's log.
     """
-    available = client.scheduler_info()["workers"]
+    available = cluster_workers(client)
     if workers is not None:
         missing = sorted(set(workers) - set(available))
         if missing:
@@ -140,7 +151,7 @@ def _run_group(
     try:
         with _following(client, progress_topic(launch_id), on_progress):
             _wait_for_start(client, plan, futures, launch_id, timeout_s)
-            _wait_all_or_first_failure(plan, futures)
+            _wait_all_or_first_failure(client, plan, futures)
         return [f.result() for f in futures]
     finally:
         # A rank pinned to a dead worker stays pending forever unless cancelled.
@@ -236,14 +247,34 @@ def _wait_for_start(
 
 
 def _wait_all_or_first_failure(
-    plan: list[RankAssignment], futures: list[distributed.Future]
+    client: distributed.Client, plan: list[RankAssignment], futures: list[distributed.Future]
 ) -> None:
     # Polls the futures' local state: distributed.wait/as_completed would need a default
     # client, and Prefect's client deliberately is not one.
+    next_check = time.monotonic() + WORKER_CHECK_S
     while not all(f.done() for f in futures):
         _raise_on_failures(plan, futures, "failed")
+        if time.monotonic() >= next_check:
+            _raise_on_lost_workers(client, plan, futures)
+            next_check = time.monotonic() + WORKER_CHECK_S
         time.sleep(POLL_S)
     _raise_on_failures(plan, futures, "failed")
+
+
+def _raise_on_lost_workers(
+    client: distributed.Client, plan: list[RankAssignment], futures: list[distributed.Future]
+) -> None:
+    """A rank whose worker left the cluster never finishes: Dask keeps its pinned task
+    waiting for that worker. With peers, their collectives fail; a group of one, or one
+    whose peers are done, would wait forever without this check."""
+    current = cluster_workers(client)
+    failures = [
+        RankFailure(a.rank, a.worker_address, "its worker left the cluster (died or restarted)")
+        for a, f in zip(plan, futures, strict=True)
+        if not f.done() and a.worker_address not in current
+    ]
+    if failures:
+        raise LaunchError(_describe("failed", failures), failures)
 
 
 def _raise_on_failures(

@@ -35,7 +35,7 @@ def plan_ranks(
 ) -> list[RankAssignment]:
     """One rank per worker, in address order so a plan is reproducible for the same cluster.
 
-    `workers` is `Client.scheduler_info()["workers"]`: address -> info (with "nthreads").
+    `workers` is `cluster_workers(client)`: address -> info (with "nthreads").
     `world_size=None` means every available worker.
     """
     available = sorted(addr for addr in workers if addr not in exclude)

@@ -2,12 +2,18 @@
 
 A trial holds its workers for its whole DDP group and gives them back when it ends (also on
 failure), so the cluster never runs more trials than it can hold and the rest queue.
+
+Workers come and go: one that dies is brought back by its nanny at a new address. With
+`current` (the cluster's eligible workers now), the pool follows: a worker that left is never
+handed out again and a new one joins the free workers, so one lost worker costs at most the
+trial that was running on it, not every later trial placed on its old address.
 """
 
 from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -15,21 +21,27 @@ from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
+RECHECK_S = 1.0  # how often a waiting acquire looks for workers that (re)joined
+SHRUNK_WAIT_S = 600.0  # how long a trial waits for a smaller cluster to regrow
 
 
 class WorkerSlots:
     """A thread-safe pool of worker addresses; `acquire(k)` blocks until k are free."""
 
-    def __init__(self, workers: Sequence[str]):
+    def __init__(self, workers: Sequence[str], current: Callable[[], Sequence[str]] | None = None):
         if not workers:
             raise ValueError("a sweep needs at least one Dask worker")
-        self._all = frozenset(workers)
+        self._all = set(workers)  # in the cluster now
+        self._known = set(workers)  # ever in the pool (release checks against it)
+        self._capacity = len(self._all)
         self._free = sorted(self._all)
+        self._current = current
         self._cond = threading.Condition()
 
     @property
     def capacity(self) -> int:
-        return len(self._all)
+        """The cluster's size when the sweep started; it plans the number of trials at once."""
+        return self._capacity
 
     @property
     def num_free(self) -> int:
@@ -43,20 +55,44 @@ class WorkerSlots:
         """Take k free workers (lowest addresses first, so assignments are reproducible)."""
         if not 1 <= k <= self.capacity:
             raise ValueError(f"a trial of {k} ranks cannot fit on {self.capacity} workers")
+        started = time.monotonic()
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self._free) >= k, timeout=timeout_s):
-                raise TimeoutError(f"no {k} free workers within {timeout_s}s")
-            taken, self._free = self._free[:k], self._free[k:]
-            return taken
+            while True:
+                self._follow_cluster()
+                if len(self._free) >= k:
+                    taken, self._free = self._free[:k], self._free[k:]
+                    return taken
+                waited = time.monotonic() - started
+                if timeout_s is not None and waited >= timeout_s:
+                    raise TimeoutError(f"no {k} free workers within {timeout_s}s")
+                if len(self._all) < k and waited >= SHRUNK_WAIT_S:
+                    raise TimeoutError(
+                        f"a trial needs {k} workers but only {len(self._all)} of the "
+                        f"{self.capacity} the sweep started with came back within "
+                        f"{SHRUNK_WAIT_S:g}s: {sorted(self._all)}"
+                    )
+                self._cond.wait(RECHECK_S if self._current is not None else timeout_s)
 
     def release(self, workers: Sequence[str]) -> None:
         with self._cond:
-            foreign = set(workers) - self._all
+            foreign = set(workers) - self._known
             busy_again = set(workers) & set(self._free)
             if foreign or busy_again:
                 raise ValueError(f"cannot release {sorted(foreign | busy_again)}: not held")
-            self._free = sorted([*self._free, *workers])
+            # A worker that left the cluster while held is not handed out again.
+            self._free = sorted([*self._free, *(w for w in workers if w in self._all)])
+            self._follow_cluster()
             self._cond.notify_all()
+
+    def _follow_cluster(self) -> None:
+        """Drop workers that left the cluster, add new ones as free (lock held)."""
+        if self._current is None:
+            return
+        now = set(self._current())
+        joined = now - self._known
+        self._all = (self._all & now) | joined
+        self._known |= joined
+        self._free = sorted((set(self._free) & now) | joined)
 
     @contextmanager
     def hold(self, k: int) -> Iterator[list[str]]:

@@ -5,6 +5,7 @@ run must finish with exactly the weights of an uninterrupted run."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -180,3 +181,56 @@ def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_pa
     assert "max_restarts=0" in message and "rank" in message and "worker tcp://" in message
     _, run = the_run(tmp_path)
     assert run.info.status == "FAILED"
+
+
+def test_a_killed_worker_costs_a_one_rank_run_one_restart(cluster, tmp_path):
+    """A group of one has no peer whose collective fails: the launcher notices that the
+    rank's worker left the cluster, and the run resumes on the restarted worker."""
+    proc = start_flow(tmp_path, cluster, "--world-size", "1")
+    wait_for_checkpoint(tmp_path, 1, proc)
+    pids = cluster["client"].run(os.getpid)
+    # The rank runs on one of the two workers; kill that one.
+    busy = [a for a, n in cluster["client"].processing().items() if n]
+    os.kill(pids[busy[0]] if busy else a_worker_pid(cluster["client"]), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    _, run = the_run(tmp_path)
+    assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
+    assert "left the cluster" in run.data.tags["ddpflow.restart.1.cause"]
+
+
+SWEEP_TRIALS = [{"epochs": 6}, {"epochs": 6, "lr": 0.02}, {"epochs": 1}]
+
+
+def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
+    """Three one-rank trials on two workers. The worker under a running trial is killed:
+    that trial fails promptly, and the queued trial runs on the worker's restarted process
+    (its new address), not on the dead address, as does everything after it."""
+    tiny = ["--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024"]
+    cluster["client"].wait_for_workers(2, timeout=60)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.sweep_charlm", "--trials", json.dumps(SWEEP_TRIALS), *tiny],
+        cwd=tmp_path,
+        env={**project_env(tmp_path), **cluster["env"], "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    wait_for_checkpoint(tmp_path, 1, proc)
+    killed = sorted(cluster["client"].run(os.getpid))[-1]
+    os.kill(cluster["client"].run(os.getpid)[killed], signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("ddpflow-charlm-sweep")
+    children = [
+        r for r in client.search_runs([experiment.experiment_id]) if "ddpflow.trial" in r.data.tags
+    ]
+    by_trial = {int(r.data.tags["ddpflow.trial"]): r for r in children}
+    assert sorted(by_trial) == [0, 1, 2]
+    failed = [i for i, r in by_trial.items() if r.info.status == "FAILED"]
+    assert len(failed) == 1 and failed[0] in (0, 1), output[-3000:]
+    assert by_trial[failed[0]].data.tags["ddpflow.workers"] == killed
+    assert "left the cluster" in by_trial[failed[0]].data.tags["ddpflow.error"]
+    assert by_trial[2].info.status == "FINISHED", by_trial[2].data.tags.get("ddpflow.error")
+    assert by_trial[2].data.tags["ddpflow.workers"] != killed

@@ -49,6 +49,37 @@ def test_max_concurrent_is_whole_groups_only() -> None:
     assert [slots.max_concurrent(k) for k in (1, 2, 3)] == [3, 1, 1]
 
 
+class Cluster:
+    """The worker list a scheduler would report; tests change it as workers die and return."""
+
+    def __init__(self, workers: list[str]) -> None:
+        self.workers = list(workers)
+
+    def __call__(self) -> list[str]:
+        return list(self.workers)
+
+
+def test_a_worker_restarted_at_a_new_address_replaces_the_old_one() -> None:
+    """Worker 4001 dies while held; its nanny brings it back as 4009. The old address is
+    never handed out again, the new one is, and releasing the old one is not an error."""
+    cluster = Cluster(WORKERS)
+    slots = WorkerSlots(WORKERS, current=cluster)
+    held = slots.acquire(1)
+    assert held == ["tcp://127.0.0.1:4001"]
+    cluster.workers = ["tcp://127.0.0.1:4002", "tcp://127.0.0.1:4003", "tcp://127.0.0.1:4009"]
+    slots.release(held)
+    assert sorted(slots.acquire(3)) == sorted(cluster.workers)
+
+
+def test_a_trial_waits_for_a_lost_worker_to_come_back() -> None:
+    cluster = Cluster(WORKERS[:1])  # two of three are gone, restarting
+    slots = WorkerSlots(WORKERS, current=cluster)
+    with pytest.raises(TimeoutError):
+        slots.acquire(2, timeout_s=0.1)
+    threading.Timer(0.1, lambda: cluster.workers.append("tcp://127.0.0.1:4009")).start()
+    assert slots.acquire(2, timeout_s=5) == ["tcp://127.0.0.1:4003", "tcp://127.0.0.1:4009"]
+
+
 class Recorder:
     """Counts trials running at once and which workers each one saw."""
 
