@@ -32,138 +32,16 @@ the mean of the two, so load that drifts steadily during the run favours neither
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import signal
-import subprocess
-import sys
 import tempfile
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.common import Result, print_results
-from bench.launch_timing import BATCH_SIZE, LOG_EVERY, WORLD_SIZE, Timeline, stages, timeline
-from ddpflow.charlm.corpus import load_names
+from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
+from bench.launch_timing import Timeline
 
-REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 FIRST_STEP_TARGET = 1.5
 STEADY_TARGET = 1.0
-TIMEOUT_S = 540
-QUICK_NAMES = 10_000  # about 60 steps of 2 x 512: three 20-step windows
-
-
-def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
-    """Run to completion with output to `log`; (launch timestamp, wall seconds)."""
-    with log.open("w") as out:
-        launch_ts = time.time()
-        env = {**env, "BENCH_LAUNCH_TS": repr(launch_ts)}
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            code = proc.wait(timeout=TIMEOUT_S)
-        except BaseException:  # a timeout or Ctrl-C: leave no flow, cluster or rank behind
-            os.killpg(proc.pid, signal.SIGKILL)  # its own session: its children go with it
-            proc.wait()
-            raise
-        wall_s = time.time() - launch_ts
-    if code != 0:
-        raise RuntimeError(f"{cmd[:3]} exited {code}:\n{log.read_text()[-4000:]}")
-    return launch_ts, wall_s
-
-
-def _project_env(project: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
-    env.pop("DDPFLOW_DASK_ADDRESS", None)  # always the flow's own LocalCluster
-    env.update(
-        {
-            "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
-            "DDPFLOW_DASK_WORKERS": str(WORLD_SIZE),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-            "PREFECT_HOME": str(project / ".prefect"),
-            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            "PYTHONPATH": str(REPO),
-        }
-    )
-    return env
-
-
-def run_torchrun(project: Path, source: str, tag: str) -> Timeline:
-    cmd = [
-        str(BIN / "torchrun"),
-        "--standalone",
-        f"--nproc_per_node={WORLD_SIZE}",
-        str(REPO / "bench" / "torchrun_step.py"),
-        f"--source={source}",
-        f"--batch-size={BATCH_SIZE}",
-        f"--log-every-steps={LOG_EVERY}",
-    ]
-    log = project / f"torchrun-{tag}.log"
-    launch_ts, wall_s = _run(cmd, project, _project_env(project), log)
-    line = next(x for x in log.read_text().splitlines() if x.startswith("BENCH_RESULT "))
-    report = json.loads(line.removeprefix("BENCH_RESULT "))
-    logs = [(r["time"], r["samples_per_s"]) for r in report["records"]]
-    result = timeline(launch_ts, logs, report["epoch_samples_per_s"][0])
-    return replace(result, total_s=wall_s, direct_first_step_s=report["first_step_ts"] - launch_ts)
-
-
-def run_flow(
-    project: Path, source: str, extra_env: dict[str, str] | None = None, tag: str = "flow"
-) -> tuple[Timeline, dict[str, float]]:
-    """The flow's timeline and the launch-relative time of each stage it logged (the newest
-    run of the project: a project may be run more than once)."""
-    project.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
-    cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1"]
-    log = project / f"{tag}.log"
-    launch_ts, wall_s = _run(cmd, project, {**_project_env(project), **(extra_env or {})}, log)
-    from mlflow.tracking import MlflowClient  # here: MLflow's import is slow and only needed here
-
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
-    experiment = client.get_experiment_by_name("ddpflow-charlm")
-    (run,) = client.search_runs(
-        [experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1
-    )
-
-    def history(key: str) -> list:
-        return sorted(client.get_metric_history(run.info.run_id, key), key=lambda m: m.step)
-
-    logs = [(m.timestamp / 1000, m.value) for m in history("samples_per_s")]
-    epoch_rate = history("epoch_samples_per_s")[0].value
-    result = replace(timeline(launch_ts, logs, epoch_rate), total_s=wall_s)
-    return result, stages(log.read_text(), launch_ts)
-
-
-def _source(project: Path, quick: bool) -> str:
-    """The shipped corpus, or in quick mode its first names (fewer steps per epoch)."""
-    names, _ = load_names()
-    path = project / "names.json"
-    path.write_text(json.dumps(names[:QUICK_NAMES] if quick else names))
-    return str(path)
-
-
-def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float]]:
-    """The flow on services that are already up, in a project that has run once."""
-    from infra.procs import free_port, stop
-    from infra.services import start_dask, start_prefect_server
-
-    logs = root / "warm-services"
-    logs.mkdir()
-    server = start_prefect_server(free_port(), root / "warm-prefect-home", logs)
-    try:
-        worker_env = {"PREFECT_API_URL": server.url, "PYTHONPATH": str(REPO)}
-        scheduler, workers = start_dask(free_port(), WORLD_SIZE, worker_env, logs)
-        try:
-            env = {"PREFECT_API_URL": server.url, "DDPFLOW_DASK_ADDRESS": scheduler.url}
-            run_flow(root / "warm", source, env, tag="warm-up")
-            return run_flow(root / "warm", source, env, tag="warm")
-        finally:
-            stop(workers)
-            stop(scheduler)
-    finally:
-        stop(server)
 
 
 @dataclass(frozen=True)
@@ -178,7 +56,7 @@ def measure(quick: bool, warm: bool) -> LaunchRuns:
     """torchrun, the flow, [the flow on warm services], torchrun again (full)."""
     with tempfile.TemporaryDirectory(prefix="ddpflow-bench-launch-") as tmp:
         root = Path(tmp)
-        source = _source(root, quick)
+        source = source_file(root, quick)
         baselines = [run_torchrun(root, source, "before")]
         flow, flow_stages = run_flow(root / "flow", source)
         warm_run = run_warm(root, source) if warm else None

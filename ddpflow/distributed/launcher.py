@@ -8,12 +8,11 @@ starts, so a rank that never starts is named precisely instead of surfacing as a
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -33,6 +32,7 @@ from ddpflow.distributed.planning import (
     plan_ranks,
     workers_with_resources,
 )
+from ddpflow.distributed.progress import follow_progress
 from ddpflow.distributed.reservation import reserve_workers
 
 R = TypeVar("R")
@@ -149,47 +149,13 @@ def _run_group(
         for a in plan
     ]
     try:
-        with _following(client, progress_topic(launch_id), on_progress):
+        with follow_progress(client, progress_topic(launch_id), on_progress):
             _wait_for_start(client, plan, futures, launch_id, timeout_s)
             _wait_all_or_first_failure(client, plan, futures)
         return [f.result() for f in futures]
     finally:
         # A rank pinned to a dead worker stays pending forever unless cancelled.
         client.cancel([f for f in futures if not f.done()], force=True)
-
-
-@contextlib.contextmanager
-def _following(
-    client: distributed.Client, topic: str, on_progress: Callable[[str], None] | None
-) -> Iterator[None]:
-    """Pass the group's progress events to `on_progress` while it runs, then any that had
-    not arrived yet (events reach subscribers asynchronously; the scheduler keeps them)."""
-    if on_progress is None:
-        yield
-        return
-    seen: set[tuple[float, str]] = set()
-
-    def deliver(event: tuple[float, Any]) -> None:
-        key = (event[0], str(event[1]))
-        if key in seen:
-            return
-        seen.add(key)
-        try:
-            on_progress(key[1])
-        except Exception as error:  # noqa: BLE001 - runs on the client's event loop
-            log.debug("progress handler failed: %s", error)
-
-    # An event sent before the subscription reaches the scheduler is delivered at the end.
-    client.subscribe_topic(topic, deliver)
-    try:
-        yield
-    finally:
-        client.unsubscribe_topic(topic)
-        try:
-            for event in client.get_events(topic):
-                deliver(event)
-        except Exception as error:  # noqa: BLE001 - progress must never fail the launch
-            log.debug("could not fetch the last progress events of %s: %s", topic, error)
 
 
 def _spec(
