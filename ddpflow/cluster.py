@@ -22,6 +22,7 @@ from distributed.deploy import Cluster
 
 from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 
+PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 # Set before workers start (the nanny hands its config to the worker process):
 # - daemon=False lets a rank start DataLoader processes (daemonic processes cannot fork);
 # - the sampling profiler costs ~8 % of a rank's throughput on 2 cores and nobody reads it.
@@ -31,9 +32,8 @@ WORKER_CONFIG = {
     # The nanny sets MALLOC_TRIM_THRESHOLD_=65536 on its workers. That pins glibc's trim
     # threshold, so every training step returns its large buffers to the kernel and faults
     # them in again: 0.85x torchrun's samples/s with it, 0.99x without (bench/launch.py).
-    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    f"{PRE_SPAWN_ENVIRON}.MALLOC_TRIM_THRESHOLD_": None,
 }
-PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
 # The same settings as environment variables, for `dask worker` processes ddpflow does not
 # start itself (the stack, the image, job scripts, pods); a unit test parses them as Dask
 # does and compares. Dask lowercases the names of DASK_* variables, so the upper-case

@@ -71,7 +71,10 @@ class WorkerSlots:
                         f"{self.capacity} the sweep started with came back within "
                         f"{SHRUNK_WAIT_S:g}s: {sorted(self._all)}"
                     )
-                self._cond.wait(RECHECK_S if self._current is not None else timeout_s)
+                remaining = None if timeout_s is None else timeout_s - waited
+                if self._current is not None:  # look again for workers that (re)joined
+                    remaining = RECHECK_S if remaining is None else min(RECHECK_S, remaining)
+                self._cond.wait(remaining)
 
     def release(self, workers: Sequence[str]) -> None:
         with self._cond:

@@ -59,10 +59,15 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
 
 
 def start_flow(project: Path, cluster: dict, *args: str) -> subprocess.Popen[str]:
+    return start_module(project, cluster, "flows.train_charlm", *TINY, *args)
+
+
+def start_module(project: Path, cluster: dict, module: str, *args: str) -> subprocess.Popen[str]:
+    """`python -m module args` in `project`, on the cluster, once both workers are up."""
     project.mkdir(parents=True, exist_ok=True)
     cluster["client"].wait_for_workers(2, timeout=60)
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        [sys.executable, "-m", module, *args],
         cwd=project,
         env={**project_env(project), **cluster["env"], "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -207,15 +212,8 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
     that trial fails promptly, and the queued trial runs on the worker's restarted process
     (its new address), not on the dead address, as does everything after it."""
     tiny = ["--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024"]
-    cluster["client"].wait_for_workers(2, timeout=60)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.sweep_charlm", "--trials", json.dumps(SWEEP_TRIALS), *tiny],
-        cwd=tmp_path,
-        env={**project_env(tmp_path), **cluster["env"], "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    trials = json.dumps(SWEEP_TRIALS)
+    proc = start_module(tmp_path, cluster, "flows.sweep_charlm", "--trials", trials, *tiny)
     wait_for_checkpoint(tmp_path, 1, proc)
     killed = sorted(cluster["client"].run(os.getpid))[-1]
     os.kill(cluster["client"].run(os.getpid)[killed], signal.SIGKILL)
