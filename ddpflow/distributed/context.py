@@ -15,6 +15,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
+
 
 @dataclass(frozen=True)
 class RankSpec:
@@ -27,6 +29,9 @@ class RankSpec:
     backend: str
     timeout_s: float
     launch_id: str
+    # The address this rank's own connections bind to: its Dask worker's host. None leaves
+    # gloo to pick one from the host name (fine on one machine, wrong across hosts).
+    bind_host: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,12 +71,17 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
     if dist.is_initialized():
         # A previous task on this worker died without cleaning up; its group is useless.
         dist.destroy_process_group()
+    timeout = timedelta(seconds=spec.timeout_s)
+    backend, options = spec.backend, None
+    if spec.backend == "gloo" and spec.bind_host:
+        backend, options = register_bound_gloo(), bound_gloo_options(spec.bind_host, timeout)
     dist.init_process_group(
-        backend=spec.backend,
+        backend=backend,
         init_method=f"tcp://{spec.master_host}:{spec.master_port}",
         rank=spec.rank,
         world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.timeout_s),
+        timeout=timeout,
+        pg_options=options,
     )
     try:
         # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.

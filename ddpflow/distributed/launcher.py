@@ -34,6 +34,7 @@ from ddpflow.distributed.planning import (
 )
 from ddpflow.distributed.progress import follow_progress
 from ddpflow.distributed.reservation import reserve_workers
+from ddpflow.distributed.stale import release_stuck_ranks
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -148,14 +149,21 @@ def _run_group(
         )
         for a in plan
     ]
+    finished = False
     try:
         with follow_progress(client, progress_topic(launch_id), on_progress):
             _wait_for_start(client, plan, futures, launch_id, timeout_s)
             _wait_all_or_first_failure(client, plan, futures)
-        return [f.result() for f in futures]
+        results = [f.result() for f in futures]
+        finished = True
+        return results
     finally:
         # A rank pinned to a dead worker stays pending forever unless cancelled.
         client.cancel([f for f in futures if not f.done()], force=True)
+        if not finished:  # the next group must not wait for this one's stuck ranks
+            release_stuck_ranks(
+                client, {a.worker_address: f.key for a, f in zip(plan, futures, strict=True)}
+            )
 
 
 def _spec(
@@ -167,7 +175,7 @@ def _spec(
     timeout_s: float,
     launch_id: str,
 ) -> RankSpec:
-    return RankSpec(a.rank, world, host, port, backend, timeout_s, launch_id)
+    return RankSpec(a.rank, world, host, port, backend, timeout_s, launch_id, bind_host=a.host)
 
 
 def _started_event(launch_id: str, rank: int) -> str:

@@ -1,0 +1,56 @@
+"""Gloo bound to a given address: the one the rank's Dask worker listens on.
+
+Stock gloo picks its address from the machine's host name. /etc/hosts often maps that name
+to loopback (127.0.0.1 in containers, 127.0.1.1 on Debian and Ubuntu), so a rank advertises
+loopback to ranks on other hosts and the group never connects ("Gloo connectFullMesh failed
+... remote=[127.0.0.1]"). GLOO_SOCKET_IFNAME would fix it, but Dask workers are long-lived
+processes shared by many runs, so nothing here touches the environment: the address goes to
+gloo as a device in the group's options instead, through a backend registered under its own
+name that builds a stock ProcessGroupGloo with that device.
+
+NCCL's bootstrap does not use the host name (it skips loopback and docker interfaces by
+default); where a GPU host has several other interfaces, NCCL_SOCKET_IFNAME in the worker's
+own environment picks one.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import ProcessGroupGloo
+
+BOUND_GLOO = "ddpflow_gloo"
+_registered = threading.Lock()
+
+
+def bound_gloo_options(host: str, timeout: timedelta) -> ProcessGroupGloo._Options:
+    """Gloo options whose one device binds `host` (an IP or a name that resolves to one)."""
+    options = ProcessGroupGloo._Options()
+    options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+    options._timeout = timeout
+    return options
+
+
+def register_bound_gloo() -> str:
+    """Register the bound-gloo backend in this process once; returns its name."""
+    with _registered:
+        if BOUND_GLOO.upper() not in dist.Backend._plugins:
+            dist.Backend.register_backend(
+                BOUND_GLOO,
+                _create_bound_gloo,
+                extended_api=True,
+                devices=["cpu"],
+            )
+    return BOUND_GLOO
+
+
+def _create_bound_gloo(opts, options: ProcessGroupGloo._Options | None) -> ProcessGroupGloo:  # noqa: ANN001
+    if options is None:
+        raise ValueError(f"the {BOUND_GLOO} backend needs pg_options=bound_gloo_options(...)")
+    options._timeout = opts.timeout  # init_process_group's timeout is the one that counts
+    group = ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, options)
+    group.options.global_ranks_in_group = opts.global_ranks_in_group
+    group.options.group_name = opts.group_id
+    return group
