@@ -16,6 +16,8 @@ DASK_WORKERS_ENV = "DDPFLOW_DASK_WORKERS"
 CLUSTER_ENV = "DDPFLOW_CLUSTER"
 CLUSTER_OPTIONS_ENV = "DDPFLOW_CLUSTER_OPTIONS"
 RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
+HEAL_TIMEOUT_ENV = "DDPFLOW_HEAL_TIMEOUT_S"
+DEFAULT_HEAL_TIMEOUT_S = 120.0
 DEFAULT_NUM_WORKERS = 2
 # Which Dask cluster the flows run on (ddpflow.cluster builds each one).
 CLUSTER_KINDS = ("local", "address", "cuda", "jobqueue", "kubernetes")
@@ -38,6 +40,9 @@ class Settings:
     cluster_kind: str = "local"
     cluster_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     rank_resources: Mapping[str, float] | None = field(default=None, hash=False)
+    # How long a restart waits for lost workers to come back before it goes on with fewer
+    # (min_workers) or gives up.
+    heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
 
     @classmethod
     def from_env(
@@ -62,6 +67,7 @@ class Settings:
             cluster_kind=_parse_cluster_kind(env.get(CLUSTER_ENV), dask_address),
             cluster_options=_parse_json_object(CLUSTER_OPTIONS_ENV, env.get(CLUSTER_OPTIONS_ENV)),
             rank_resources=_parse_resources(env.get(RANK_RESOURCES_ENV)),
+            heal_timeout_s=_parse_seconds(HEAL_TIMEOUT_ENV, env.get(HEAL_TIMEOUT_ENV)),
         )
 
 
@@ -93,6 +99,18 @@ def _parse_workers(raw: str | None) -> int:
             f"{DASK_WORKERS_ENV}={raw!r} is not a positive integer; set it to the number of "
             "local Dask worker processes, e.g. 2"
         )
+    return value
+
+
+def _parse_seconds(name: str, raw: str | None) -> float:
+    if raw is None or raw.strip() == "":
+        return DEFAULT_HEAL_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"{name}={raw!r} is not a positive number of seconds; e.g. 120")
     return value
 
 

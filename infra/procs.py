@@ -58,10 +58,10 @@ class Service:
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def free_port() -> int:
-    """A port that is free on 127.0.0.1 right now (the OS picks it)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that is free on `host` right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 

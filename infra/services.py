@@ -67,11 +67,11 @@ def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def start_moto(port: int, log_dir: Path) -> Service:
-    """moto's S3 server on 127.0.0.1 (its default would bind 0.0.0.0)."""
-    argv = [str(BIN / "moto_server"), "-H", "127.0.0.1", "-p", str(port)]
+def start_moto(port: int, log_dir: Path, host: str = "127.0.0.1") -> Service:
+    """moto's S3 server on `host` (its own default would bind 0.0.0.0)."""
+    argv = [str(BIN / "moto_server"), "-H", host, "-p", str(port)]
     service = spawn("moto", argv, base_env(), log_dir)
-    service.url = f"http://127.0.0.1:{port}"
+    service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/moto-api/", "port": port}
     return _healthy(service, 30)
 
@@ -97,10 +97,11 @@ def start_mlflow(
     artifacts_destination: str,
     env: Mapping[str, str],
     log_dir: Path,
+    host: str = "127.0.0.1",
 ) -> Service:
     """MLflow tracking server proxying artifacts to artifacts_destination (env reaches S3)."""
     argv = [
-        str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+        str(BIN / "mlflow"), "server", "--host", host, "--port", str(port),
         "--backend-store-uri", backend_store_uri,
         "--artifacts-destination", artifacts_destination,
         "--workers", "1",
@@ -108,20 +109,22 @@ def start_mlflow(
     # Job execution starts a huey consumer and extra workers: 24 s and 2.2 GB instead of 10 s.
     full_env = base_env({**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     service = spawn("mlflow", argv, full_env, log_dir, cwd=log_dir)
-    service.url = f"http://127.0.0.1:{port}"
+    service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/health", "port": port}
     return _healthy(service, SERVER_TIMEOUT_S)
 
 
-def start_prefect_server(port: int, prefect_home: Path, log_dir: Path) -> Service:
+def start_prefect_server(
+    port: int, prefect_home: Path, log_dir: Path, host: str = "127.0.0.1"
+) -> Service:
     """Prefect API + UI on SQLite; the database lives in prefect_home."""
     prefect_home.mkdir(parents=True, exist_ok=True)
-    argv = [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    argv = [str(BIN / "prefect"), "server", "start", "--host", host, "--port", str(port)]
     env = base_env({"PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
     service = spawn("prefect-server", argv, env, log_dir, cwd=prefect_home)
     # uvicorn shuts down cleanly on SIGINT (Ctrl-C), as a terminal would stop it.
     service.stop_signal = int(signal.SIGINT)
-    service.url = f"http://127.0.0.1:{port}/api"
+    service.url = f"http://{host}:{port}/api"
     service.extra = {"health_url": f"{service.url}/health", "port": port}
     return _healthy(service, SERVER_TIMEOUT_S)
 

@@ -31,6 +31,7 @@ def train_with_restarts(
     task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
     run, and all of them are listed in a Prefect artifact.
     """
+    settings = Settings.from_env()
     results, restarts = launch_with_restarts(
         current_dask_client(),
         rank_fn,
@@ -40,7 +41,8 @@ def train_with_restarts(
         timeout_s=rank_timeout_s,
         max_restarts=max_restarts,
         on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
-        resources=Settings.from_env().rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+        heal_timeout_s=settings.heal_timeout_s,
+        resources=settings.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
         on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
     )
     if restarts:

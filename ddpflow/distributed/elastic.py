@@ -29,6 +29,9 @@ from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
 R = TypeVar("R")
 log = logging.getLogger(__name__)
 PING_TIMEOUT_S = 5.0
+# A nanny restarts a hung worker in seconds; a host cut off from the network never answers,
+# and waiting longer for it only delays the relaunch on the workers that are there.
+RESTART_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,8 @@ def heal(client: distributed.Client, timeout_s: float) -> list[str]:
     hung = unresponsive_workers(client)
     if hung:
         log.warning("restarting unresponsive workers %s", hung)
-        client.restart_workers(hung, timeout=timeout_s, raise_for_error=False)
+        restart_s = min(timeout_s, RESTART_TIMEOUT_S)
+        client.restart_workers(hung, timeout=restart_s, raise_for_error=False)
     return hung
 
 

@@ -19,29 +19,19 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from ddpflow.checkpoint import CheckpointStore
 from ddpflow.cluster import local_cluster
 from infra.services import free_port, start_prefect_server, stop
+from tests.integration.charlm_runs import (
+    EPOCHS,
+    TINY,
+    assert_same_weights,
+    final_weights,
+    finish,
+    wait_for_checkpoint,
+)
 from tests.integration.conftest import REPO, project_env
 
 pytestmark = pytest.mark.integration
-EPOCHS = 4
-TINY = [
-    "--epochs",
-    str(EPOCHS),
-    "--hidden-size",
-    "32",
-    "--num-layers",
-    "1",
-    "--batch-size",
-    "1024",
-    "--lr",
-    "0.01",
-    "--num-names",
-    "3",
-    "--keep-last",
-    "10",
-]
 
 
 @pytest.fixture(scope="module")
@@ -76,23 +66,9 @@ def start_module(project: Path, cluster: dict, module: str, *args: str) -> subpr
     )
 
 
-def wait_for_checkpoint(project: Path, epoch: int, proc: subprocess.Popen, timeout_s=180) -> None:
-    deadline = time.monotonic() + timeout_s
-    pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}.pt"
-    while not list(project.glob(pattern)):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}"
-        time.sleep(0.1)
-
-
 def a_worker_pid(client: distributed.Client) -> int:
     pids = client.run(os.getpid)
     return pids[sorted(pids)[-1]]
-
-
-def finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str]:
-    out, err = proc.communicate(timeout=timeout_s)
-    return proc.returncode, out + err
 
 
 def the_run(project: Path):
@@ -102,27 +78,12 @@ def the_run(project: Path):
     return client, runs[0]
 
 
-def final_weights(project: Path) -> dict[str, torch.Tensor]:
-    store = CheckpointStore(str(next((project / "artifacts" / "runs").iterdir()) / "checkpoints"))
-    for uri in store.list_uris():  # every checkpoint loads
-        torch.load(uri, weights_only=True)
-    state = store.load()
-    assert state["epoch"] == EPOCHS
-    return state["model_state"]
-
-
 @pytest.fixture(scope="module")
 def reference(cluster, tmp_path_factory) -> dict[str, torch.Tensor]:
     project = tmp_path_factory.mktemp("uninterrupted")
     code, output = finish(start_flow(project, cluster))
     assert code == 0, output[-4000:]
     return final_weights(project)
-
-
-def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        assert torch.equal(a[key], b[key]), f"{key} differs from the uninterrupted run"
 
 
 def assert_completed_once_with_one_restart(project: Path, output: str) -> None:

@@ -1,0 +1,192 @@
+"""DDP across hosts: network namespaces on a bridge, one Dask worker per host.
+
+The cluster, its servers and what each host runs are described in multihost.py. Every flow
+runs as a user's would, on the head node, with the servers' bridge addresses in its
+environment and nothing on the workers but the S3 keys.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from ddpflow.distributed.elastic import launch_with_restarts
+from ddpflow.vision.digits import write_digits
+from infra import netns
+from tests.integration.charlm_runs import (
+    EPOCHS,
+    TINY,
+    assert_same_weights,
+    final_weights,
+    finish,
+    wait_for_checkpoint,
+)
+from tests.integration.conftest import REPO, project_env, run_flow
+from tests.integration.multihost import BUCKET, MultiHost, multihost_cluster, stuck_once
+from tests.integration.s3_servers import s3_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.multihost]
+# A cut-off host's rank makes rank 0's collective wait this long before the group fails.
+RANK_TIMEOUT = ["--rank-timeout-s", "20"]
+
+
+@pytest.fixture(scope="module")
+def multi(tmp_path_factory) -> Iterator[MultiHost]:
+    reason = netns.can_make_namespaces()
+    if reason:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"multi-host tests must run in CI: {reason}")
+        pytest.skip(reason)
+    with multihost_cluster(tmp_path_factory.mktemp("multihost")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def restored(multi) -> Iterator[MultiHost]:
+    """Each test starts with every host connected and both workers registered."""
+    multi.restore()
+    yield multi
+    multi.restore()
+
+
+@pytest.fixture(scope="module")
+def one_host_reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The same 2 ranks and seed on one machine (the laptop default: a LocalCluster)."""
+    project = tmp_path_factory.mktemp("one-host")
+    result = run_flow("train_charlm", TINY, project, timeout_s=400)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return final_weights(project)
+
+
+def start_flow(
+    multi: MultiHost, project: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    project.mkdir(parents=True, exist_ok=True)
+    full_env = {**project_env(project), **multi.flow_env(str(project / "artifacts"))}
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        cwd=project,
+        env={**full_env, **(env or {}), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def the_run(multi: MultiHost, run_id: str):
+    client = MlflowClient(multi.mlflow_url)
+    return client, client.get_run(run_id)
+
+
+def run_id_of(project: Path) -> str:
+    (run_dir,) = (project / "artifacts" / "runs").iterdir()
+    return run_dir.name
+
+
+def assert_one_run_one_restart(multi: MultiHost, project: Path, output: str) -> dict[str, str]:
+    client, run = the_run(multi, run_id_of(project))
+    assert run.info.status == "FINISHED", output[-3000:]
+    assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps and len(steps) == len(set(steps)), "no step logged twice"
+    return run.data.tags
+
+
+def test_two_ranks_on_two_hosts_equal_two_ranks_on_one_host(restored, one_host_reference, tmp_path):
+    with restored.client() as client:
+        hosts = {restored.worker_on(client, h) for h in ("a", "b")}
+    assert len(hosts) == 2, "one worker on each host"
+    code, output = finish(start_flow(restored, tmp_path), timeout_s=400)
+    assert code == 0, output[-4000:]
+    assert "world size         2 ranks" in output
+    assert_same_weights(final_weights(tmp_path), one_host_reference)
+
+
+def partition_after_epoch_1(multi: MultiHost, project: Path, proc, host: str) -> None:
+    wait_for_checkpoint(project, 1, proc, timeout_s=300)
+    multi.hosts.partition(host)
+
+
+def test_a_host_cut_off_mid_run_costs_one_restart_and_is_used_again(restored, tmp_path):
+    """Host b's link goes down in epoch 2 for longer than Dask's 30 s TCP timeout, so its
+    worker is dropped and exits; when the link is back its supervisor starts it again and
+    the run resumes from the latest checkpoint on both hosts."""
+    proc = start_flow(restored, tmp_path, *RANK_TIMEOUT)
+    partition_after_epoch_1(restored, tmp_path, proc, "b")
+    cut_at = time.monotonic()
+    reconnect = threading.Timer(40, restored.hosts.reconnect, ("b",))
+    reconnect.start()
+    try:
+        code, output = finish(proc, timeout_s=400)
+    finally:
+        reconnect.cancel()
+    assert code == 0, output[-4000:]
+    tags = assert_one_run_one_restart(restored, tmp_path, output)
+    assert time.monotonic() - cut_at > 40, "the run waited for the host instead of going on"
+    assert "resuming after epoch " in output
+    assert "rank 0" in tags["ddpflow.restart.1.cause"], tags["ddpflow.restart.1.cause"]
+    assert_ranks_after_restart(restored, tmp_path, 2)
+
+
+def test_a_host_that_stays_away_leaves_the_run_to_the_others(restored, tmp_path):
+    """With min_workers=1, a host that does not come back within the heal timeout is given
+    up: the run finishes on the host that is left."""
+    heal = {"DDPFLOW_HEAL_TIMEOUT_S": "30"}
+    proc = start_flow(restored, tmp_path, *RANK_TIMEOUT, "--min-workers", "1", env=heal)
+    partition_after_epoch_1(restored, tmp_path, proc, "b")
+    code, output = finish(proc, timeout_s=400)
+    assert code == 0, output[-4000:]
+    assert_one_run_one_restart(restored, tmp_path, output)
+    assert_ranks_after_restart(restored, tmp_path, 1)
+
+
+def assert_ranks_after_restart(multi: MultiHost, project: Path, world_size: int) -> None:
+    """The restarts artifact (in the flow's Prefect server) records the relaunch's size."""
+    done = subprocess.run(
+        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts"],
+        env={**project_env(project), "PREFECT_API_URL": multi.prefect_url},
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    row = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("| 1 |"))
+    assert row.split("|")[2].strip() == str(world_size), row
+
+
+def test_a_relaunch_after_a_failed_group_starts_within_seconds(restored, tmp_path):
+    with restored.client() as client:
+        results, restarts = launch_with_restarts(
+            client, stuck_once, str(tmp_path), world_size=2, timeout_s=60, max_restarts=1
+        )
+    failed_at = float((tmp_path / "rank0").read_text())
+    assert len(restarts) == 1
+    assert max(results) - failed_at < 10, f"relaunch ran {max(results) - failed_at:.1f}s later"
+
+
+def test_the_image_flow_on_two_hosts_with_an_s3_artifact_root(restored, tmp_path, monkeypatch):
+    root = f"s3://{BUCKET}/images"
+    for key, value in s3_env(restored.s3_endpoint).items():
+        monkeypatch.setenv(key, value)
+    write_digits(f"{root}/data/digits")  # the flow's default source under its artifact root
+    args = [
+        "--arch", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1",
+        "--batch-size", "32", "--world-size", "2", "--keep-last", "1",
+    ]  # fmt: skip
+    result = run_flow("train_images", args, tmp_path, timeout_s=480, env=restored.flow_env(root))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    client = MlflowClient(restored.mlflow_url)
+    experiment = client.get_experiment_by_name("ddpflow-images")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.params["world_size"] == "2"
