@@ -146,7 +146,9 @@ def wait_for(check, timeout_s: float, what: str, poll_s: float = 0.2) -> None:  
 
 
 def stuck_once(ctx: RankContext, marker_dir: str) -> float:
-    """A rank function (here, so the workers can import it by name). First attempt: rank 0 fails at once, rank 1 is stuck and keeps its worker's thread."""
+    """First attempt: rank 0 fails at once, rank 1 is stuck and keeps its worker's thread.
+
+    It lives here, not in the test module, so the workers can import it by name."""
     marker = Path(marker_dir) / f"rank{ctx.rank}"
     if not marker.exists():
         marker.write_text(str(time.time()))
