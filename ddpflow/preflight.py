@@ -7,13 +7,14 @@ and a failed probe wrote nothing.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import os
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -22,6 +23,13 @@ from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 15.0
+# A worker that cannot open a connection within this is as good as cut off.
+API_PROBE_TIMEOUT_S = 5.0
+API_FIX = (
+    "Start a Prefect server on an address the workers reach and set PREFECT_API_URL for the "
+    "flow, e.g. `prefect server start --host 0.0.0.0` and "
+    "PREFECT_API_URL=http://<this host>:4200/api (the workers need no setting of their own)."
+)
 
 
 class PreflightError(RuntimeError):
@@ -84,6 +92,60 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
             f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
             f"Start the server or fix {TRACKING_URI_ENV}."
         ) from error
+
+
+def probe_http(url: str, timeout: float = API_PROBE_TIMEOUT_S) -> str | None:
+    """None if url answers HTTP at all, else why not. Runs on each worker.
+
+    Any status counts as an answer: behind auth /health may say 401, and that server is
+    still reachable. Only a failed connection or a timeout is a failure.
+    """
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return None
+    except urllib.error.HTTPError:
+        return None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        return str(getattr(error, "reason", None) or error) or type(error).__name__
+
+
+async def probe_http_off_loop(url: str, timeout: float = API_PROBE_TIMEOUT_S) -> str | None:
+    """probe_http in a thread: run from a worker's event loop (Dask's Client.run runs a
+    coroutine function there), a slow probe must not stall the worker's heartbeats."""
+    return await asyncio.to_thread(probe_http, url, timeout)
+
+
+def check_workers_reach_api(
+    api_url: str,
+    probe_workers: Callable[[str, float], Mapping[str, object]],
+    timeout_s: float = API_PROBE_TIMEOUT_S,
+    embedded: bool = False,
+) -> None:
+    """Every worker must reach the API its tasks report to.
+
+    probe_workers(health_url, timeout_s) runs a probe on each worker and returns, per worker,
+    None (reachable), the reason it is not, or the exception the probe raised there.
+    """
+    health_url = f"{api_url.rstrip('/')}/health"
+    what = f"the flow's embedded Prefect API {api_url}" if embedded else f"Prefect API {api_url}"
+    try:
+        answers = probe_workers(health_url, timeout_s)
+    except Exception as error:  # noqa: BLE001 - a probe that cannot run is a failed check
+        raise PreflightError(
+            f"could not ask the Dask workers whether they reach {what} "
+            f"({type(error).__name__}: {error}). {API_FIX}"
+        ) from error
+    failed = {
+        worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"
+        for worker, answer in sorted(answers.items())
+        if answer is not None
+    }
+    if failed:
+        reasons = "; ".join(f"{worker}: {why}" for worker, why in failed.items())
+        raise PreflightError(
+            f"{len(failed)} of {len(answers)} Dask workers cannot reach {what}, where their "
+            f"Prefect task runs are recorded (GET {health_url} failed: {reasons}). {API_FIX}"
+        )
 
 
 def _check_local_root(root: Path) -> None:
