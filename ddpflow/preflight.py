@@ -131,9 +131,11 @@ def check_workers_reach_api(
     try:
         answers = probe_workers(health_url, timeout_s)
     except Exception as error:  # noqa: BLE001 - a probe that cannot run is a failed check
+        # A worker that cannot answer a probe in time cannot run a task either.
         raise PreflightError(
-            f"could not ask the Dask workers whether they reach {what} "
-            f"({type(error).__name__}: {error}). {API_FIX}"
+            f"could not ask every Dask worker whether it reaches {what} "
+            f"({type(error).__name__}: {error}). Check that the workers are running and "
+            f"responsive; if they are and cannot reach the API: {API_FIX}"
         ) from error
     failed = {
         worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"

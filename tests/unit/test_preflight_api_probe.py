@@ -87,5 +87,5 @@ def test_workers_that_cannot_be_asked_fail_the_check() -> None:
     def no_answer(url: str, timeout_s: float) -> dict[str, object]:
         raise TimeoutError("no answer within 15s")
 
-    with pytest.raises(PreflightError, match="could not ask the Dask workers.*TimeoutError"):
+    with pytest.raises(PreflightError, match="could not ask every Dask worker.*TimeoutError"):
         check_workers_reach_api("http://prefect.example.org:4200/api", no_answer)
