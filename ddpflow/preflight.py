@@ -7,7 +7,6 @@ and a failed probe wrote nothing.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import os
@@ -20,11 +19,20 @@ from typing import TypeVar
 
 from ddpflow import storage
 from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
+from ddpflow.http_probe import API_PROBE_TIMEOUT_S, probe_http, probe_http_off_loop
+
+__all__ = [
+    "API_PROBE_TIMEOUT_S",
+    "PreflightError",
+    "check_artifact_store",
+    "check_tracking",
+    "check_workers_reach_api",
+    "probe_http",
+    "probe_http_off_loop",
+]
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 15.0
-# A worker that cannot open a connection within this is as good as cut off.
-API_PROBE_TIMEOUT_S = 5.0
 API_FIX = (
     "Start a Prefect server on an address the workers reach and set PREFECT_API_URL for the "
     "flow, e.g. `prefect server start --host 0.0.0.0` and "
@@ -92,27 +100,6 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
             f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
             f"Start the server or fix {TRACKING_URI_ENV}."
         ) from error
-
-
-def probe_http(url: str, timeout: float = API_PROBE_TIMEOUT_S) -> str | None:
-    """None if url answers HTTP at all, else why not. Runs on each worker.
-
-    Any status counts as an answer: behind auth /health may say 401, and that server is
-    still reachable. Only a failed connection or a timeout is a failure.
-    """
-    try:
-        with urllib.request.urlopen(url, timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None
-    except (urllib.error.URLError, OSError, ValueError) as error:
-        return str(getattr(error, "reason", None) or error) or type(error).__name__
-
-
-async def probe_http_off_loop(url: str, timeout: float = API_PROBE_TIMEOUT_S) -> str | None:
-    """probe_http in a thread: run from a worker's event loop (Dask's Client.run runs a
-    coroutine function there), a slow probe must not stall the worker's heartbeats."""
-    return await asyncio.to_thread(probe_http, url, timeout)
 
 
 def check_workers_reach_api(
