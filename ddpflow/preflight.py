@@ -13,15 +13,31 @@ import os
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
 from ddpflow import storage
 from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
+from ddpflow.http_probe import API_PROBE_TIMEOUT_S, probe_http, probe_http_off_loop
+
+__all__ = [
+    "API_PROBE_TIMEOUT_S",
+    "PreflightError",
+    "check_artifact_store",
+    "check_tracking",
+    "check_workers_reach_api",
+    "probe_http",
+    "probe_http_off_loop",
+]
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 15.0
+API_FIX = (
+    "Start a Prefect server on an address the workers reach and set PREFECT_API_URL for the "
+    "flow, e.g. `prefect server start --host 0.0.0.0` and "
+    "PREFECT_API_URL=http://<this host>:4200/api (the workers need no setting of their own)."
+)
 
 
 class PreflightError(RuntimeError):
@@ -84,6 +100,41 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
             f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
             f"Start the server or fix {TRACKING_URI_ENV}."
         ) from error
+
+
+def check_workers_reach_api(
+    api_url: str,
+    probe_workers: Callable[[str, float], Mapping[str, object]],
+    timeout_s: float = API_PROBE_TIMEOUT_S,
+    embedded: bool = False,
+) -> None:
+    """Every worker must reach the API its tasks report to.
+
+    probe_workers(health_url, timeout_s) runs a probe on each worker and returns, per worker,
+    None (reachable), the reason it is not, or the exception the probe raised there.
+    """
+    health_url = f"{api_url.rstrip('/')}/health"
+    what = f"the flow's embedded Prefect API {api_url}" if embedded else f"Prefect API {api_url}"
+    try:
+        answers = probe_workers(health_url, timeout_s)
+    except Exception as error:  # noqa: BLE001 - a probe that cannot run is a failed check
+        # A worker that cannot answer a probe in time cannot run a task either.
+        raise PreflightError(
+            f"could not ask every Dask worker whether it reaches {what} "
+            f"({type(error).__name__}: {error}). Check that the workers are running and "
+            f"responsive; if they are and cannot reach the API: {API_FIX}"
+        ) from error
+    failed = {
+        worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"
+        for worker, answer in sorted(answers.items())
+        if answer is not None
+    }
+    if failed:
+        reasons = "; ".join(f"{worker}: {why}" for worker, why in failed.items())
+        raise PreflightError(
+            f"{len(failed)} of {len(answers)} Dask workers cannot reach {what}, where their "
+            f"Prefect task runs are recorded (GET {health_url} failed: {reasons}). {API_FIX}"
+        )
 
 
 def _check_local_root(root: Path) -> None:

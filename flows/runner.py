@@ -6,13 +6,15 @@ ddpflow.cluster) and DDPFLOW_CLUSTER_OPTIONS (JSON) is passed through to its cla
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import dask
 import distributed
 from distributed.deploy import Cluster
 from prefect.context import FlowRunContext
-from prefect.settings import PREFECT_API_URL
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
 from ddpflow.cluster import build_cluster, local_cluster, task_placement
@@ -30,6 +32,8 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
     The placement is a `dask.annotate` around each submit, which Dask's Client.submit
     merges into the task's annotations, so it reaches the scheduler. DDP ranks do not pass
     through here: the launcher pins them itself.
+
+    Each submit also carries the flow's API URL to the worker (see `_flow_api_for_workers`).
     """
 
     def submit(
@@ -42,8 +46,24 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
         if not self._started:
             return super().submit(task, parameters, wait_for, dependencies)
         placement = task_placement(cluster_workers(self.client))
-        with dask.annotate(**placement):
+        with _flow_api_for_workers(), dask.annotate(**placement):
             return super().submit(task, parameters, wait_for, dependencies)
+
+
+@contextmanager
+def _flow_api_for_workers() -> Iterator[None]:
+    """Make the flow's API URL part of the settings that travel with each submitted task.
+
+    prefect-dask serializes the current settings context with every task, and the worker
+    runs the task inside it. With the embedded API that context has no URL, so a worker
+    without PREFECT_API_URL of its own starts a temporary server: the task runs are
+    recorded there, not in the flow's API, and the server outlives a worker that is
+    stopped. Setting the URL only in the context sent with the task changes nothing on the
+    long-lived worker process, and a URL the flow already has travels as it is.
+    """
+    url = None if PREFECT_API_URL.value() else prefect_api_url()
+    with temporary_settings(updates={PREFECT_API_URL: url}) if url else nullcontext():
+        yield
 
 
 def prefect_api_url() -> str | None:

@@ -1,0 +1,258 @@
+"""A flow on a Dask cluster it did not start: a real `dask scheduler` and `dask worker
+--nworkers 2`, started as a user starts them, with no Prefect setting of their own.
+
+Every Prefect task run must land in the flow's API (the embedded one or a server set only on
+the flow's side), and once the flow and the workers have ended no process of theirs may
+remain. Each process the test starts carries a unique environment variable that its children
+inherit, so leftovers are found by that mark, not confused with other users' processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import distributed
+import psutil
+import pytest
+
+from infra.procs import Service, pid_alive
+from infra.services import free_port, start_dask, start_prefect_server, stop
+from tests.integration.conftest import REPO, project_env, run_flow
+
+pytestmark = pytest.mark.integration
+MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
+# Prefect gives its embedded server 20 s to start; on 2 shared, busy cores that can be short.
+SLOW_START = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
+TINY = [
+    "--epochs",
+    "1",
+    "--hidden-size",
+    "16",
+    "--num-layers",
+    "1",
+    "--batch-size",
+    "1024",
+    "--num-names",
+    "2",
+]
+# The flow's Prefect tasks: download, format, evaluate and register run on the workers;
+# train-ddp runs in the flow process and launches the ranks from there.
+TASKS = {"download-corpus", "format-corpus", "train-ddp", "evaluate", "register-model"}
+QUERY = """
+import json
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+with get_client(sync_client=True) as client:
+    runs = []
+    for run in client.read_flow_runs():
+        only_this = FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        tasks = client.read_task_runs(flow_run_filter=only_this)
+        runs.append({"state": run.state_type.value,
+                     "tasks": [[t.name, t.state_type.value] for t in tasks]})
+print(json.dumps(runs))
+"""
+
+
+def marked(mark: str) -> list[psutil.Process]:
+    """Live processes that carry the mark, whoever their parent is now (orphans too)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MARK_ENV) == mark:
+                found.append(proc)
+        except psutil.Error:  # gone meanwhile, or not ours to read
+            continue
+    return found
+
+
+def describe(procs: list[psutil.Process]) -> list[str]:
+    described = []
+    for proc in procs:
+        try:
+            described.append(f"{proc.pid} (ppid {proc.ppid()}): {' '.join(proc.cmdline())[:160]}")
+        except psutil.Error:
+            continue
+    return described
+
+
+def api_servers(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """The Prefect API servers among procs (the temporary one runs uvicorn on create_app)."""
+
+    def is_server(proc: psutil.Process) -> bool:
+        try:
+            line = " ".join(proc.cmdline())
+        except psutil.Error:
+            return False
+        return "prefect.server" in line or "uvicorn" in line
+
+    return [proc for proc in procs if is_server(proc)]
+
+
+def assert_none_left(mark: str, timeout_s: float = 10) -> None:
+    """Bounded: a process that is ending gets a few seconds to go."""
+    deadline = time.monotonic() + timeout_s
+    while (left := marked(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, "processes left behind:\n" + "\n".join(describe(left))
+
+
+@contextmanager
+def external_dask(tmp_path: Path, mark: str, **extra_env: str) -> Iterator[tuple[Service, Service]]:
+    """`dask scheduler` + `dask worker --nworkers 2 --nthreads 1` on 127.0.0.1, each in its
+    own session, without PREFECT_API_URL; both are stopped (the whole group) at the end,
+    also when the test ended them itself (then that finds nothing left to stop)."""
+    env = {
+        "PYTHONPATH": str(REPO),
+        "PREFECT_HOME": str(tmp_path / "worker-prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        MARK_ENV: mark,
+        **extra_env,
+    }
+    scheduler, workers = start_dask(free_port(), 2, env, tmp_path / "logs", tmp_path / "scratch")
+    try:
+        yield scheduler, workers
+    finally:
+        stop(workers)
+        stop(scheduler)
+
+
+def end_like_a_user(*services: Service, timeout_s: float = 30) -> None:
+    """SIGTERM to each leader only, as a user or a supervisor stops `dask worker`: whatever
+    its worker processes started and did not stop themselves is orphaned, not killed."""
+    for service in services:
+        os.kill(service.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while pid_alive(service.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not pid_alive(service.pid), f"{service.name} did not exit on SIGTERM"
+
+
+def task_runs(project: Path, env: dict[str, str]) -> list[dict]:
+    """The flow runs and their task runs, read through the flow's API (the embedded one
+    starts from the project's PREFECT_HOME and stops when this query exits)."""
+    done = subprocess.run(
+        [sys.executable, "-c", QUERY],
+        cwd=project,
+        env={**project_env(project), **SLOW_START, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_all_tasks_completed(runs: list[dict], output: str) -> None:
+    assert len(runs) == 1, runs
+    assert runs[0]["state"] == "COMPLETED", runs
+    states = {name.rsplit("-", 1)[0]: state for name, state in runs[0]["tasks"]}
+    assert states.keys() >= TASKS, f"task runs missing from the flow's API: {runs}\n{output}"
+    assert all(state == "COMPLETED" for state in states.values()), states
+
+
+def train_on(address: str, project: Path, mark: str, **env: str) -> str:
+    result = run_flow(
+        "train_charlm",
+        TINY,
+        project,
+        timeout_s=300,
+        env={"DDPFLOW_DASK_ADDRESS": address, MARK_ENV: mark, **SLOW_START, **env},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    return output
+
+
+@pytest.mark.timeout(420)
+def test_embedded_api_gets_every_task_run_and_nothing_is_left(tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex
+    project = tmp_path / "project"
+    with external_dask(tmp_path, mark) as (scheduler, workers):
+        output = train_on(scheduler.url, project, mark)
+        # The flow's own embedded server stopped when the flow exited; a temporary server
+        # started by a worker would still run beside it.
+        servers = api_servers(marked(mark))
+        assert not servers, "API servers after the flow ended:\n" + "\n".join(describe(servers))
+        log = workers.log_path.read_text(errors="replace")
+        assert "Starting temporary server" not in log, log[-3000:]
+        end_like_a_user(workers, scheduler)
+        assert_none_left(mark)  # before the fixture's group kill could hide an orphan
+    assert_all_tasks_completed(task_runs(project, {MARK_ENV: mark}), output)
+    assert_none_left(mark)  # the query's own embedded server stopped with it
+
+
+@pytest.mark.timeout(420)
+def test_server_set_only_on_the_flow_side_gets_every_task_run(tmp_path: Path) -> None:
+    mark = uuid.uuid4().hex
+    project = tmp_path / "project"
+    home = tmp_path / "server-prefect"
+    server = start_prefect_server(free_port(), home, tmp_path / "logs")
+    try:
+        with external_dask(tmp_path, mark) as (scheduler, workers):
+            output = train_on(scheduler.url, project, mark, PREFECT_API_URL=server.url)
+            servers = api_servers(marked(mark))
+            assert not servers, "API servers besides the flow's:\n" + "\n".join(describe(servers))
+            end_like_a_user(workers, scheduler)
+            assert_none_left(mark)
+        runs = task_runs(project, {"PREFECT_API_URL": server.url, MARK_ENV: mark})
+        assert_all_tasks_completed(runs, output)
+    finally:
+        stop(server)
+
+
+@pytest.mark.timeout(300)
+def test_preflight_stops_a_flow_whose_workers_cannot_reach_its_api(tmp_path: Path) -> None:
+    """The workers reach nothing over HTTP (their proxy is a closed port), as workers on
+    another host cannot reach the embedded API: pre-flight says so, before any work."""
+    mark = uuid.uuid4().hex
+    project = tmp_path / "project"
+    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    cut_off = {"http_proxy": dead_proxy, "HTTP_PROXY": dead_proxy, "no_proxy": "", "NO_PROXY": ""}
+    with external_dask(tmp_path, mark, **cut_off) as (scheduler, _):
+        result = run_flow(
+            "train_charlm",
+            TINY,
+            project,
+            timeout_s=240,
+            env={"DDPFLOW_DASK_ADDRESS": scheduler.url, MARK_ENV: mark, **SLOW_START},
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    assert "2 of 2 Dask workers cannot reach the flow's embedded Prefect API" in output, output
+    assert "prefect server start --host 0.0.0.0" in output and "PREFECT_API_URL" in output
+    assert not (project / "mlflow.db").exists(), "pre-flight failed before any MLflow run"
+    assert not (project / "artifacts").exists(), "nothing was downloaded"
+    assert_none_left(mark)
+
+
+def test_worker_probe_names_each_worker_and_is_bounded(tmp_path: Path) -> None:
+    """The check itself on real workers: a closed port fails within seconds, naming both."""
+    from ddpflow.preflight import PreflightError
+    from flows.preflight import check_workers_reach_flow_api
+
+    mark = uuid.uuid4().hex
+    closed = f"http://127.0.0.1:{free_port()}/api"
+    with (
+        external_dask(tmp_path, mark) as (scheduler, _),
+        distributed.Client(scheduler.url, timeout=10) as client,
+    ):
+        names = sorted(client.scheduler_info()["workers"])
+        started = time.monotonic()
+        with pytest.raises(PreflightError) as info:
+            check_workers_reach_flow_api(client, closed, timeout_s=3)
+        elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert elapsed < 5, f"the probe took {elapsed:.1f}s"
+    assert f"Prefect API {closed}" in message and f"GET {closed}/health" in message
+    assert all(name in message for name in names), message
+    assert "prefect server start --host 0.0.0.0" in message
