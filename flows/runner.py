@@ -90,7 +90,21 @@ def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
                 f"({error}); check the queue / pods, or raise wait_for_workers_s in "
                 f"{CLUSTER_OPTIONS_ENV}"
             ) from None
+        if kind == "jobqueue":
+            _replace_lost_jobs(cluster, int(expected))
     return cluster
+
+
+def _replace_lost_jobs(cluster: Cluster, n_workers: int) -> None:
+    """Keep `n_workers` jobs queued or running for the whole flow run.
+
+    dask-jobqueue never resubmits a job that ended under it (scancel, walltime, a node
+    failure): the cluster just stays smaller. Adaptive at a fixed size does: once the lost
+    worker's job is given up (distributed.deploy.lost-worker-timeout, 15 s by default) the
+    cluster's spec has a worker without a job, and Adaptive's next check submits a new job
+    for it. The restart logic waits for that worker before it relaunches the ranks.
+    """
+    cluster.adapt(minimum=n_workers, maximum=n_workers)
 
 
 def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
