@@ -27,6 +27,8 @@ PARTITION = "ddpflow"
 APT_TIMEOUT_S = 600
 START_TIMEOUT_S = 60
 MUNGE_KEY = Path("/etc/munge/munge.key")
+# The daemons live in sbin, which a non-login shell's PATH may lack.
+SBIN_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
 
 
 @dataclass
@@ -65,8 +67,12 @@ def unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
+def daemon(name: str) -> str | None:
+    return shutil.which(name, path=SBIN_PATH)
+
+
 def ensure_installed() -> None:
-    if shutil.which("slurmctld") and shutil.which("munged"):
+    if daemon("slurmctld") and daemon("slurmd") and daemon("munged"):
         return
     if os.geteuid() != 0:
         unavailable("Slurm (slurm-wlm, munge) is not installed and installing it needs root")
@@ -186,11 +192,12 @@ def slurm_cluster(root: Path) -> Iterator[Slurm]:
     ]  # fmt: skip
     try:
         for argv in daemons:
-            out = (root / "log" / f"{argv[0]}.out").open("w")
-            slurm.procs.append(
-                subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
-            )
-            if argv[0] == "munged":
+            argv[0] = daemon(argv[0]) or argv[0]
+            with (root / "log" / f"{Path(argv[0]).name}.out").open("w") as out:
+                slurm.procs.append(
+                    subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+                )
+            if argv[0].endswith("munged"):
                 _wait(munge_socket.exists, "munged's socket appeared", slurm, root)
         _wait(
             lambda: slurm.run("sinfo", "--noheader", "--format=%t").split() == ["idle"],
@@ -205,15 +212,14 @@ def slurm_cluster(root: Path) -> Iterator[Slurm]:
 
 def stop(slurm: Slurm) -> None:
     """Cancel every job, wait until they are gone, then stop the daemons we started."""
-    alive = [p for p in slurm.procs if p.poll() is None]
-    if len(alive) == len(slurm.procs) == 3:
+    if len(slurm.procs) == 3:  # all started: the jobs' processes go before their slurmd
         try:
-            slurm.run("scancel", f"--partition={slurm.partition}")
+            slurm.run("scancel", f"--partition={slurm.partition}", timeout_s=10)
             deadline = time.monotonic() + 30
             while slurm.jobs() and time.monotonic() < deadline:
                 time.sleep(0.5)
         except (RuntimeError, subprocess.TimeoutExpired):
-            pass  # the daemons go regardless
+            pass  # a daemon already died: stop the others regardless
     for proc in reversed(slurm.procs):  # slurmd, slurmctld, munged
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
