@@ -75,7 +75,8 @@ def _worker_env(kind: str) -> dict[str, str]:
 
 def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
     """Build the cluster, then wait (bounded) until the workers it asked for have joined:
-    queued batch jobs and pending pods take a while, and pre-flight counts workers."""
+    queued batch jobs and pending pods take a while, and pre-flight counts workers. A batch
+    queue cluster then stays at that size: a job that ends is replaced."""
     options = dict(options)
     wait_s = float(options.pop("wait_for_workers_s", DEFAULT_WAIT_FOR_WORKERS_S))
     expected = options.get("n_workers")

@@ -120,7 +120,7 @@ def assert_no_job_left(slurm: Slurm, project: Path) -> None:
 
 
 def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api, tmp_path):
-    proc = start_flow(tmp_path, slurm, prefect_api)
+    proc = start_flow(tmp_path, slurm, prefect_api, "--epochs", "2")
     try:
         jobs = running_jobs(slurm, tmp_path, 2, proc)
         code, output = finish(proc)
