@@ -95,7 +95,8 @@ def _worker_env(kind: str) -> dict[str, str]:
 
 def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
     """Build the cluster, then wait (bounded) until the workers it asked for have joined:
-    queued batch jobs and pending pods take a while, and pre-flight counts workers."""
+    queued batch jobs and pending pods take a while, and pre-flight counts workers. A batch
+    queue cluster then stays at that size: a job that ends is replaced."""
     options = dict(options)
     wait_s = float(options.pop("wait_for_workers_s", DEFAULT_WAIT_FOR_WORKERS_S))
     expected = options.get("n_workers")
@@ -110,7 +111,21 @@ def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
                 f"({error}); check the queue / pods, or raise wait_for_workers_s in "
                 f"{CLUSTER_OPTIONS_ENV}"
             ) from None
+        if kind == "jobqueue":
+            _replace_lost_jobs(cluster, int(expected))
     return cluster
+
+
+def _replace_lost_jobs(cluster: Cluster, n_workers: int) -> None:
+    """Keep `n_workers` jobs queued or running for the whole flow run.
+
+    dask-jobqueue never resubmits a job that ended under it (scancel, walltime, a node
+    failure): the cluster just stays smaller. Adaptive at a fixed size does: once the lost
+    worker's job is given up (distributed.deploy.lost-worker-timeout, 15 s by default) the
+    cluster's spec has a worker without a job, and Adaptive's next check submits a new job
+    for it. The restart logic waits for that worker before it relaunches the ranks.
+    """
+    cluster.adapt(minimum=n_workers, maximum=n_workers)
 
 
 def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:

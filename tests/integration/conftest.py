@@ -12,6 +12,7 @@ import distributed
 import pytest
 
 from ddpflow.cluster import local_cluster
+from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -22,6 +23,15 @@ def dask_client() -> Iterator[distributed.Client]:
     with local_cluster(2) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
         yield client
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory) -> Iterator[Slurm]:
+    """A one-node Slurm cluster (munged, slurmctld, slurmd), installed with apt-get if
+    missing; `slurm.conf` is its SLURM_CONF. Skips outside CI where it cannot run (not root,
+    no apt-get); fails on CI (CI=true). Every job and daemon is stopped at the end."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
 
 
 def project_env(project: Path) -> dict[str, str]:

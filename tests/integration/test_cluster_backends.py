@@ -146,13 +146,12 @@ def test_slurm_job_script_from_the_shipped_example() -> None:
         "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
         "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
         + shlex.quote("{'MALLOC_TRIM_THRESHOLD_': None}"),
-        "module load cuda",
         "source $HOME/ddpflow/.venv/bin/activate",
     ]
     worker = lines[-1]
     assert worker.startswith("python -m distributed.cli.dask_worker tcp://")
     assert "--nthreads 8" in worker and "--resources GPU=1" in worker
-    assert "--local-directory $TMPDIR" in worker
+    assert "--local-directory ${TMPDIR:-/tmp}" in worker
 
 
 def test_pbs_job_script_from_the_shipped_example() -> None:

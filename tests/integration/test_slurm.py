@@ -1,0 +1,164 @@
+"""DDPFLOW_CLUSTER=jobqueue on a real Slurm cluster (one node, see slurm_cluster.py): the
+flow submits its Dask workers as Slurm jobs and trains across them, and a worker job
+cancelled mid-run (scancel) is replaced by a new job and costs exactly one restart."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from infra.services import free_port, start_prefect_server, stop
+from tests.integration.conftest import REPO, project_env
+from tests.integration.slurm_cluster import Slurm
+from tests.integration.test_fault_tolerance import (
+    TINY,
+    assert_completed_once_with_one_restart,
+    finish,
+    the_run,
+    wait_for_checkpoint,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+JOBS_TIMEOUT_S = 120
+REGISTERED = re.compile(r"^(\S+ \S+) - distributed\.worker - INFO - +Registered to:", re.M)
+
+
+@pytest.fixture(scope="module")
+def prefect_api(tmp_path_factory) -> Iterator[str]:
+    """A Prefect server on 127.0.0.1: the flow's and the worker jobs' API, so task runs
+    started in a job report to the flow's server (a flow's ephemeral API is not handed to
+    workers of a batch queue)."""
+    home = tmp_path_factory.mktemp("prefect")
+    server = start_prefect_server(free_port(), home, home)
+    try:
+        yield server.url
+    finally:
+        stop(server)
+
+
+def job_name(project: Path) -> str:
+    return f"ddpflow-{project.name}"[:60]
+
+
+def start_flow(project: Path, slurm: Slurm, api_url: str, *args: str) -> subprocess.Popen[str]:
+    """`python -m flows.train_charlm` on 2 workers, each one Slurm job of 1 core."""
+    options = {
+        "system": "slurm",
+        "n_workers": 2,
+        "cores": 1,
+        "memory": "4GB",
+        "processes": 1,
+        "python": sys.executable,
+        "queue": slurm.partition,
+        "walltime": "00:30:00",
+        "job_name": job_name(project),
+        "log_directory": str(project / "slurm-logs"),
+        "job_script_prologue": [f"export PYTHONPATH={REPO}"],
+        "wait_for_workers_s": JOBS_TIMEOUT_S,
+    }
+    env = {
+        **project_env(project),
+        "SLURM_CONF": str(slurm.conf),
+        "PREFECT_API_URL": api_url,
+        "DDPFLOW_CLUSTER": "jobqueue",
+        "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options),
+    }
+    project.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def running_jobs(slurm: Slurm, project: Path, count: int, proc: subprocess.Popen) -> set[str]:
+    """Wait until `count` of the flow's worker jobs are RUNNING in Slurm; their ids."""
+    deadline = time.monotonic() + JOBS_TIMEOUT_S
+    while True:
+        jobs = slurm.jobs(job_name(project))
+        running = {job for job, state in jobs.items() if state == "RUNNING"}
+        if len(running) >= count:
+            return running
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"jobs {jobs}, not {count} running"
+        time.sleep(0.5)
+
+
+def worker_logs(project: Path) -> dict[str, str]:
+    """Job id -> the stderr of the Dask worker that Slurm ran for that job."""
+    logs = (project / "slurm-logs").glob(f"{job_name(project)}-*.err")
+    return {path.stem.rsplit("-", 1)[1]: path.read_text() for path in logs}
+
+
+def registered_at(log: str) -> datetime:
+    found = REGISTERED.search(log)
+    assert found, f"the job's worker never registered with the flow's scheduler:\n{log[-2000:]}"
+    return datetime.strptime(found.group(1), "%Y-%m-%d %H:%M:%S,%f")
+
+
+def assert_no_job_left(slurm: Slurm, project: Path) -> None:
+    """The flow's cluster cancelled its jobs when the run ended (a cancelled job may show
+    COMPLETING for a moment while Slurm reaps it)."""
+    jobs = slurm.jobs(job_name(project))
+    assert not {j: s for j, s in jobs.items() if s in ("PENDING", "RUNNING")}, jobs
+    deadline = time.monotonic() + 30
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.5)
+        jobs = slurm.jobs(job_name(project))
+    assert not jobs, jobs
+
+
+def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api, tmp_path):
+    proc = start_flow(tmp_path, slurm, prefect_api, "--epochs", "2")
+    try:
+        jobs = running_jobs(slurm, tmp_path, 2, proc)
+        code, output = finish(proc)
+    finally:
+        proc.kill()
+        slurm.cancel(job_name(tmp_path))
+    assert code == 0, output[-4000:]
+    assert re.search(r"world size +2 ranks", output), output[-3000:]
+    _, run = the_run(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
+    # Exactly the two jobs seen running, and each one's worker joined the flow's scheduler.
+    logs = worker_logs(tmp_path)
+    assert set(logs) == jobs
+    for log in logs.values():
+        registered_at(log)
+    assert_no_job_left(slurm, tmp_path)
+
+
+def test_scancel_of_a_worker_job_is_replaced_and_costs_one_restart(slurm, prefect_api, tmp_path):
+    proc = start_flow(tmp_path, slurm, prefect_api)
+    try:
+        first = running_jobs(slurm, tmp_path, 2, proc)
+        wait_for_checkpoint(tmp_path, 1, proc)
+        victim = min(first, key=int)
+        slurm.run("scancel", victim)
+        cancelled_at = datetime.now()
+        code, output = finish(proc)
+    finally:
+        proc.kill()
+        slurm.cancel(job_name(tmp_path))
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    _, run = the_run(tmp_path)
+    assert run.data.params["world_size"] == "2"
+    # A third job replaced the cancelled one, and its worker joined the scheduler.
+    logs = worker_logs(tmp_path)
+    assert len(logs) == 3 and first < set(logs), sorted(logs)
+    (replacement,) = set(logs) - first
+    joined_s = (registered_at(logs[replacement]) - cancelled_at).total_seconds()
+    print(f"replacement job {replacement} registered {joined_s:.1f} s after scancel {victim}")
+    assert_no_job_left(slurm, tmp_path)
