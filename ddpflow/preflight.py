@@ -26,6 +26,7 @@ __all__ = [
     "PreflightError",
     "check_artifact_store",
     "check_tracking",
+    "check_workers_reach",
     "check_workers_reach_api",
     "probe_http",
     "probe_http_off_loop",
@@ -115,14 +116,27 @@ def check_workers_reach_api(
     """
     health_url = f"{api_url.rstrip('/')}/health"
     what = f"the flow's embedded Prefect API {api_url}" if embedded else f"Prefect API {api_url}"
+    check_workers_reach(
+        what,
+        f"where their Prefect task runs are recorded; GET {health_url} failed",
+        lambda: probe_workers(health_url, timeout_s),
+        API_FIX,
+    )
+
+
+def check_workers_reach(
+    what: str, why: str, probe_workers: Callable[[], Mapping[str, object]], fix: str
+) -> None:
+    """Every worker must reach `what`; probe_workers() answers per worker: None (reached),
+    the reason it did not, or the exception the probe raised there."""
     try:
-        answers = probe_workers(health_url, timeout_s)
+        answers = probe_workers()
     except Exception as error:  # noqa: BLE001 - a probe that cannot run is a failed check
         # A worker that cannot answer a probe in time cannot run a task either.
         raise PreflightError(
             f"could not ask every Dask worker whether it reaches {what} "
             f"({type(error).__name__}: {error}). Check that the workers are running and "
-            f"responsive; if they are and cannot reach the API: {API_FIX}"
+            f"responsive; if they are and cannot reach it: {fix}"
         ) from error
     failed = {
         worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"
@@ -130,10 +144,10 @@ def check_workers_reach_api(
         if answer is not None
     }
     if failed:
-        reasons = "; ".join(f"{worker}: {why}" for worker, why in failed.items())
+        reasons = "; ".join(f"{worker}: {reason}" for worker, reason in failed.items())
         raise PreflightError(
-            f"{len(failed)} of {len(answers)} Dask workers cannot reach {what}, where their "
-            f"Prefect task runs are recorded (GET {health_url} failed: {reasons}). {API_FIX}"
+            f"{len(failed)} of {len(answers)} Dask workers cannot reach {what}, {why} "
+            f"({reasons}). {fix}"
         )
 
 

@@ -13,12 +13,16 @@ the cluster again.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import distributed
 
@@ -117,7 +121,6 @@ def multihost_cluster(work: Path) -> Iterator[MultiHost]:
         # The workers hold the S3 keys (they read and write the artifact store); they get no
         # Prefect or MLflow setting: the flow hands those to what runs there.
         env = base_env({**WORKER_ENV, **s3_env(moto.url), "PYTHONPATH": str(REPO)})
-        env["PREFECT_API_URL"] = prefect.url  # until the flow hands its API to every task
         scheduler_argv = [
             str(BIN / "dask"), "scheduler", "--host", head, "--port", str(SCHEDULER_PORT),
             "--no-dashboard", "--dashboard-address", f"{head}:0",
@@ -156,3 +159,39 @@ def stuck_once(ctx: RankContext, marker_dir: str) -> float:
             raise RuntimeError("rank 0 fails on purpose")
         time.sleep(120)
     return time.time()
+
+
+@contextmanager
+def loopback_forwarder(target_url: str) -> Iterator[str]:
+    """`target_url`'s server, also reachable at a 127.0.0.1 URL, but only from this host:
+    what a user gets who points a setting at `http://127.0.0.1:PORT` on the head node."""
+    target = urlsplit(target_url)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    stopped = threading.Event()
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        while not stopped.is_set():
+            try:
+                inbound, _ = listener.accept()
+            except TimeoutError:
+                continue
+            outbound = socket.create_connection((target.hostname, target.port), timeout=10)
+            for src, dst in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=pump, args=(src, dst), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}{target.path}"
+    finally:
+        stopped.set()
+        thread.join(5)
+        listener.close()

@@ -7,7 +7,9 @@ environment and nothing on the workers but the S3 keys.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -31,7 +33,13 @@ from tests.integration.charlm_runs import (
     wait_for_checkpoint,
 )
 from tests.integration.conftest import REPO, project_env, run_flow
-from tests.integration.multihost import BUCKET, MultiHost, multihost_cluster, stuck_once
+from tests.integration.multihost import (
+    BUCKET,
+    MultiHost,
+    loopback_forwarder,
+    multihost_cluster,
+    stuck_once,
+)
 from tests.integration.s3_servers import s3_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]
@@ -154,13 +162,16 @@ def test_a_host_that_stays_away_leaves_the_run_to_the_others(restored, tmp_path)
 def assert_ranks_after_restart(multi: MultiHost, project: Path, world_size: int) -> None:
     """The restarts artifact (in the flow's Prefect server) records the relaunch's size."""
     done = subprocess.run(
-        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts"],
+        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts",
+         "--limit", "1", "--output", "json"],
         env={**project_env(project), "PREFECT_API_URL": multi.prefect_url},
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    row = next(line for line in done.stdout.splitlines() if line.lstrip().startswith("| 1 |"))
-    assert row.split("|")[2].strip() == str(world_size), row
+    (newest,) = json.loads(done.stdout)  # this flow run's: the newest with that key
+    first_restart = re.search(r"\|\s*1\s*\|\s*(\w+)\s*\|", newest["data"])
+    assert first_restart, newest["data"]
+    assert first_restart.group(1) == str(world_size), first_restart.group(0)
 
 
 def test_a_relaunch_after_a_failed_group_starts_within_seconds(restored, tmp_path):
@@ -190,3 +201,29 @@ def test_the_image_flow_on_two_hosts_with_an_s3_artifact_root(restored, tmp_path
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED"
     assert run.data.params["world_size"] == "2"
+
+
+def assert_stopped_in_preflight(multi: MultiHost, project: Path, output: str, code: int) -> None:
+    assert code == 1, output[-3000:]
+    assert "PreflightError" in output or "pre-flight" in output.lower(), output[-3000:]
+    assert not (project / "artifacts").exists(), "nothing written before the check"
+    experiment = MlflowClient(multi.mlflow_url).get_experiment_by_name("ddpflow-charlm")
+    runs = MlflowClient(multi.mlflow_url).search_runs([experiment.experiment_id])
+    assert all(r.info.run_id not in output for r in runs), "no MLflow run for this flow"
+
+
+def test_an_embedded_api_with_workers_on_other_hosts_stops_in_preflight(restored, tmp_path):
+    """No PREFECT_API_URL: the flow's embedded API listens on the head node's 127.0.0.1."""
+    proc = start_flow(restored, tmp_path, env={"PREFECT_API_URL": ""})
+    code, output = finish(proc, timeout_s=300)
+    assert_stopped_in_preflight(restored, tmp_path, output, code)
+    assert "2 of 2 Dask workers cannot reach the flow's embedded Prefect API" in output
+    assert "prefect server start" in output
+
+
+def test_an_mlflow_url_only_the_head_node_reaches_stops_in_preflight(restored, tmp_path):
+    with loopback_forwarder(restored.mlflow_url) as local_url:
+        proc = start_flow(restored, tmp_path, env={"MLFLOW_TRACKING_URI": local_url})
+        code, output = finish(proc, timeout_s=300)
+    assert_stopped_in_preflight(restored, tmp_path, output, code)
+    assert f"2 of 2 Dask workers cannot reach MLflow tracking server {local_url}" in output
