@@ -83,7 +83,8 @@ def run_flow(
     project: Path, source: str, extra_env: dict[str, str] | None = None, tag: str = "flow"
 ) -> tuple[Timeline, dict[str, float]]:
     """The flow's timeline and the launch-relative time of each stage it logged (the newest
-    run of the project: a project may be run more than once)."""
+    run of the project: a project may be run more than once). `extra_env` may point the
+    flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there."""
     project.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
     cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1"]
@@ -91,7 +92,8 @@ def run_flow(
     launch_ts, wall_s = _run(cmd, project, {**_project_env(project), **(extra_env or {})}, log)
     from mlflow.tracking import MlflowClient  # here: MLflow's import is slow and only needed here
 
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    env = {**_project_env(project), **(extra_env or {})}
+    client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("ddpflow-charlm")
     (run,) = client.search_runs(
         [experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import distributed
 import pytest
+import torch
 
 from ddpflow.cluster import local_cluster
+from tests.integration.charlm_runs import TINY, final_weights
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,3 +70,13 @@ def run_flow(
         timeout=timeout_s,
         check=False,
     )
+
+
+@pytest.fixture(scope="session")
+def charlm_reference(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """Final weights of an uninterrupted tiny 2-rank training on the laptop default (a
+    LocalCluster), which every exact-resume and multi-host test must reproduce bitwise."""
+    project = tmp_path_factory.mktemp("charlm-reference")
+    result = run_flow("train_charlm", TINY, project, timeout_s=400)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    return final_weights(project)

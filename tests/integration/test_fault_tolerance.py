@@ -16,7 +16,6 @@ from pathlib import Path
 
 import distributed
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 
 from ddpflow.cluster import local_cluster
@@ -78,14 +77,6 @@ def the_run(project: Path):
     return client, runs[0]
 
 
-@pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> dict[str, torch.Tensor]:
-    project = tmp_path_factory.mktemp("uninterrupted")
-    code, output = finish(start_flow(project, cluster))
-    assert code == 0, output[-4000:]
-    return final_weights(project)
-
-
 def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
     client, run = the_run(project)
     assert run.info.status == "FINISHED"
@@ -96,7 +87,9 @@ def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
     assert steps and len(steps) == len(set(steps)), "the re-run steps are not logged twice"
 
 
-def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, reference, tmp_path):
+def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
+    cluster, charlm_reference, tmp_path
+):
     proc = start_flow(tmp_path, cluster)
     wait_for_checkpoint(tmp_path, 1, proc)
     os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
@@ -104,7 +97,7 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, refe
     assert code == 0, output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     assert "resuming after epoch " in output, "the relaunched rank 0 says where it resumes"
-    assert_same_weights(final_weights(tmp_path), reference)
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
     artifact = subprocess.run(
         [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-restarts"],
         env={**project_env(tmp_path), **cluster["env"]},
@@ -116,7 +109,7 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(cluster, refe
     assert "DDP restarts" in artifact.stdout, artifact.stdout[-2000:] + artifact.stderr[-2000:]
 
 
-def test_a_hung_worker_is_detected_by_timeout_and_restarted(cluster, reference, tmp_path):
+def test_a_hung_worker_is_detected_by_timeout_and_restarted(cluster, charlm_reference, tmp_path):
     proc = start_flow(tmp_path, cluster, "--rank-timeout-s", "10")
     wait_for_checkpoint(tmp_path, 1, proc)
     pid = a_worker_pid(cluster["client"])
@@ -132,7 +125,7 @@ def test_a_hung_worker_is_detected_by_timeout_and_restarted(cluster, reference, 
     assert "timed out" in run.data.tags["ddpflow.restart.1.cause"].lower() or "timeout" in (
         run.data.tags["ddpflow.restart.1.cause"].lower()
     )
-    assert_same_weights(final_weights(tmp_path), reference)
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
 
 
 def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_path):

@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from mlflow.tracking import MlflowClient
 
 from ddpflow.distributed.elastic import launch_with_restarts
@@ -66,15 +65,6 @@ def restored(multi) -> Iterator[MultiHost]:
     multi.restore()
 
 
-@pytest.fixture(scope="module")
-def one_host_reference(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """The same 2 ranks and seed on one machine (the laptop default: a LocalCluster)."""
-    project = tmp_path_factory.mktemp("one-host")
-    result = run_flow("train_charlm", TINY, project, timeout_s=400)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return final_weights(project)
-
-
 def start_flow(
     multi: MultiHost, project: Path, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
@@ -111,14 +101,14 @@ def assert_one_run_one_restart(multi: MultiHost, project: Path, output: str) -> 
     return run.data.tags
 
 
-def test_two_ranks_on_two_hosts_equal_two_ranks_on_one_host(restored, one_host_reference, tmp_path):
+def test_two_ranks_on_two_hosts_equal_two_ranks_on_one_host(restored, charlm_reference, tmp_path):
     with restored.client() as client:
         hosts = {restored.worker_on(client, h) for h in ("a", "b")}
     assert len(hosts) == 2, "one worker on each host"
     code, output = finish(start_flow(restored, tmp_path), timeout_s=400)
     assert code == 0, output[-4000:]
     assert "world size         2 ranks" in output
-    assert_same_weights(final_weights(tmp_path), one_host_reference)
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
 
 
 def partition_after_epoch_1(multi: MultiHost, project: Path, proc, host: str) -> None:
