@@ -45,6 +45,8 @@ def project_env(project: Path) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
             "PREFECT_HOME": str(project / ".prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            # Prefect's default 20 s is too short for the embedded API's start on 2 busy cores.
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
             "PYTHONPATH": str(REPO),
         }
     )
