@@ -213,3 +213,15 @@ def test_worker_env_is_worker_config_as_dask_reads_it() -> None:
         assert dask.config.get(key, config=parsed) == value, key
     environ = dask.config.get("distributed.nanny.pre-spawn-environ", config=parsed)
     assert environ["MALLOC_TRIM_THRESHOLD_"] is None and environ["OMP_NUM_THREADS"] == 1
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "inf", "nan", "soon"])
+def test_heal_timeout_must_be_a_finite_positive_number(raw: str, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=f"DDPFLOW_HEAL_TIMEOUT_S={raw!r}.*e.g. 120"):
+        Settings.from_env({"DDPFLOW_HEAL_TIMEOUT_S": raw}, project_dir=tmp_path)
+
+
+def test_heal_timeout_defaults_to_two_minutes_and_can_be_set(tmp_path) -> None:
+    assert Settings.from_env({}, project_dir=tmp_path).heal_timeout_s == 120.0
+    settings = Settings.from_env({"DDPFLOW_HEAL_TIMEOUT_S": "30"}, project_dir=tmp_path)
+    assert settings.heal_timeout_s == 30.0
