@@ -71,6 +71,7 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
     if dist.is_initialized():
         # A previous task on this worker died without cleaning up; its group is useless.
         dist.destroy_process_group()
+    _reset_group_names()
     timeout = timedelta(seconds=spec.timeout_s)
     backend, options = spec.backend, None
     if spec.backend == "gloo" and spec.bind_host:
@@ -90,6 +91,20 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
         yield RankContext(spec.rank, spec.world_size, device, spec.backend, topic)
     finally:
         dist.destroy_process_group()
+
+
+def _reset_group_names() -> None:
+    """Start torch's process-group naming afresh, as in a new process.
+
+    torch names a default group by a per-process counter and resets it only when a default
+    group is destroyed. An init that failed (a rendezvous that timed out, a peer that could
+    not connect) leaves it advanced, so this long-lived worker's next group would get
+    another name than its peers' and they would wait for each other's keys in the store
+    until the timeout. torch has no public call for this, hence the guarded private one.
+    """
+    world = getattr(dist.distributed_c10d, "_world", None)
+    if world is not None and hasattr(world, "group_count"):
+        world.group_count = 0
 
 
 def find_free_port() -> int:

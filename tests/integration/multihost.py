@@ -195,3 +195,22 @@ def loopback_forwarder(target_url: str) -> Iterator[str]:
         stopped.set()
         thread.join(5)
         listener.close()
+
+
+def advertise_loopback_once() -> None:
+    """Run on the workers (fault injection): the next rank on each binds gloo to 127.0.0.1,
+    as stock gloo does where /etc/hosts maps the host name to loopback, so the rendezvous
+    across hosts fails as it did before ranks bound their worker's address."""
+    from ddpflow.distributed import context
+
+    original = context.bound_gloo_options
+
+    def loopback(host: str, timeout):  # noqa: ANN001, ANN202
+        context.bound_gloo_options = original
+        return original("127.0.0.1", timeout)
+
+    context.bound_gloo_options = loopback
+
+
+def started_at(ctx: RankContext) -> float:
+    return time.time()

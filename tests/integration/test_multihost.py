@@ -35,8 +35,10 @@ from tests.integration.conftest import REPO, project_env, run_flow
 from tests.integration.multihost import (
     BUCKET,
     MultiHost,
+    advertise_loopback_once,
     loopback_forwarder,
     multihost_cluster,
+    started_at,
     stuck_once,
 )
 from tests.integration.s3_servers import s3_env
@@ -163,7 +165,22 @@ def assert_ranks_after_restart(multi: MultiHost, world_size: int) -> None:
     assert first_restart.group(1) == str(world_size), first_restart.group(0)
 
 
-def test_a_relaunch_after_a_failed_group_starts_within_seconds(restored, tmp_path):
+def test_a_relaunch_after_a_failed_rendezvous_starts_within_seconds(restored):
+    """Both ranks advertise loopback once, as stock gloo does where the host name maps to
+    127.0.0.1: the rank that connects fails at once, the one that listens waits for a
+    connection that never comes and holds its worker until the 60 s timeout. The relaunch
+    must start within seconds (it would wait those 60 s otherwise)."""
+    with restored.client() as client:
+        client.run(advertise_loopback_once)
+        launched = time.time()
+        results, restarts = launch_with_restarts(
+            client, started_at, world_size=2, timeout_s=60, max_restarts=1
+        )
+    assert len(restarts) == 1 and "127.0.0.1" in restarts[0].cause, restarts
+    assert min(results) - launched < 30, f"relaunch started {min(results) - launched:.0f}s in"
+
+
+def test_a_relaunch_after_a_stuck_rank_starts_within_seconds(restored, tmp_path):
     with restored.client() as client:
         results, restarts = launch_with_restarts(
             client, stuck_once, str(tmp_path), world_size=2, timeout_s=60, max_restarts=1
