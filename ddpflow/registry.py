@@ -40,9 +40,9 @@ def alias_version(client: MlflowClient, model_name: str, alias: str = CHAMPION_A
             return None
         raise RegistryError(
             f"cannot read the {alias!r} alias of registered model {model_name!r} from MLflow "
-            f"at {redact_url(client.tracking_uri)}: {error}; nothing was changed, retry when "
-            "MLflow answers"
-        ) from error
+            f"at {redact_url(client.tracking_uri)}: {_redacted(client, error)}; nothing was "
+            "changed, retry when MLflow answers"
+        ) from None  # the message carries the cause, without the credentials it may quote
     # Reading the model's alias map, not get_model_version_by_alias: a missing alias is then
     # a plain absence rather than an error code shared with other invalid requests.
     version = model.aliases.get(alias)
@@ -64,8 +64,8 @@ def version_checkpoint(client: MlflowClient, model_name: str, version: str) -> s
     except MlflowException as error:
         raise RegistryError(
             f"cannot read registered model {model_name!r} version {version} from MLflow at "
-            f"{redact_url(client.tracking_uri)}: {error}"
-        ) from error
+            f"{redact_url(client.tracking_uri)}: {_redacted(client, error)}"
+        ) from None
     if not uri:
         raise RegistryError(
             f"registered model {model_name!r} version {version} has no ddpflow checkpoint: "
@@ -76,3 +76,9 @@ def version_checkpoint(client: MlflowClient, model_name: str, version: str) -> s
             "the URI of its checkpoint"
         )
     return uri
+
+
+def _redacted(client: MlflowClient, error: Exception) -> str:
+    """MLflow quotes the request URL, which carries any user:password of the tracking URI."""
+    uri = str(client.tracking_uri)
+    return str(error).replace(uri, redact_url(uri))
