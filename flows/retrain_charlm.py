@@ -4,8 +4,10 @@ The challenger goes through the same pipeline as `train-charlm` (one MLflow run,
 training, a registered version). Then both the challenger and the model holding the
 `champion` alias are scored on the same fixed holdout, and the alias moves only if the
 challenger's loss is lower by more than `margin`. A failed challenger stops the flow before
-the decision, so it never touches the alias. The deployment runs one retrain at a time
-(concurrency limit 1, later runs queue), so two promotions never race.
+the decision, so it never touches the alias, and so does a registry that cannot say who the
+champion is. The deployment runs one retrain at a time (concurrency limit 1, later runs
+queue); a retrain or sweep started elsewhere meanwhile is serialised with it by the model's
+promotion lock in the registry (`ddpflow.promotion_lock`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.charlm.champion import Decision, apply, champion_version, decide, holdout_loss
+from ddpflow.charlm.champion import Decision, promote
 from ddpflow.tracking import RunRef
 
 
@@ -13,18 +13,14 @@ from ddpflow.tracking import RunRef
 def score_and_promote(
     run: RunRef, model_name: str, challenger_version: str, val_uri: str, margin: float
 ) -> Decision:
-    """Score challenger and champion on the same holdout; move `champion` only if better."""
-    uri = run.tracking_uri
-    champion = champion_version(uri, model_name)
-    challenger_loss = holdout_loss(uri, f"models:/{model_name}/{challenger_version}", val_uri)
-    champion_loss = (
-        holdout_loss(uri, f"models:/{model_name}/{champion}", val_uri) if champion else None
+    """Score challenger and champion on the same holdout; move `champion` only if better.
+
+    The one promotion path of every flow (retrain, sweep): `promote` serialises promotions
+    of a model through its registry lock, whoever started them.
+    """
+    decision = promote(
+        run.tracking_uri, model_name, run.run_id, challenger_version, val_uri, margin
     )
-    promoted, reason = decide(challenger_loss, champion_loss, margin)
-    decision = Decision(
-        promoted, reason, challenger_version, challenger_loss, champion, champion_loss, margin
-    )
-    apply(uri, model_name, run.run_id, decision)
     create_markdown_artifact(
         markdown=decision_markdown(model_name, run, decision),
         key="charlm-retrain-decision",
@@ -48,6 +44,6 @@ def decision_markdown(model_name: str, run: RunRef, decision: Decision) -> str:
         f"| margin | {decision.margin:g} |\n"
         f"| reason | {decision.reason} |\n"
         f"| challenger MLflow run | `{run.run_id}` |\n\n"
-        "Scores are the mean per-character loss of each registered model on the same fixed "
-        "holdout (lower is better).\n"
+        "Scores are the mean per-character loss of each registered version's checkpoint on "
+        "the same fixed holdout (lower is better).\n"
     )

@@ -17,6 +17,7 @@ from ddpflow.charlm.sampling import generate_names
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext
+from ddpflow.registry import tag_checkpoint
 from ddpflow.tracking import RunRef, register_pt2_model
 from ddpflow.train_loop import evaluate_loss
 
@@ -84,9 +85,13 @@ def save_report(report_dir: str, result: EvalResult, markdown: str) -> list[str]
 
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
-    """Register the checkpoint's model; it serves symbol indices [N, 8] -> logits."""
+    """Register the checkpoint's model; it serves symbol indices [N, 8] -> logits.
+
+    The version is tagged with its checkpoint: that is what the champion/challenger step
+    scores, so it never has to load (and run) what the registry holds.
+    """
     model, _ = load_model(checkpoint_uri)
-    return register_pt2_model(
+    version = register_pt2_model(
         run,
         LogitsOnly(model).eval(),
         np.zeros((2, CONTEXT_LEN), dtype=np.int64),
@@ -94,3 +99,5 @@ def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> st
         # torch.export notes that nn.LSTM re-assigns its flat weights; harmless for serving.
         quiet_warnings=[{"message": ".*were assigned during export.*"}],
     )
+    tag_checkpoint(MlflowClient(run.tracking_uri), registered_name, version, checkpoint_uri)
+    return version

@@ -1,0 +1,150 @@
+"""Promotion against a real MLflow registry (SQLite): first model, outages, races, the lock."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from ddpflow.charlm.champion import CHAMPION_ALIAS, Decision, champion_version, promote
+from ddpflow.charlm.evaluation import register_model
+from ddpflow.promotion_lock import PromotionLockTimeout, lock_name, promotion_lock
+from ddpflow.registry import RegistryError
+from ddpflow.tracking import RunRef
+from tests.unit.champion_helpers import (
+    add_version,
+    constant_model,
+    peaked_bias,
+    start_checkpointed_run,
+    unigram_bias,
+    write_holdout,
+)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> tuple[str, str, Path]:
+    """(tracking URI, holdout URI, scratch folder) shared by this module's tests."""
+    folder = tmp_path_factory.mktemp("registry")
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    MlflowClient(uri).search_experiments()  # creates the schema once (several seconds)
+    return uri, write_holdout(folder), folder
+
+
+class Unavailable(http.server.BaseHTTPRequestHandler):
+    """What a tracking server behind a load balancer answers while it is down."""
+
+    def _answer(self) -> None:
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def unavailable_mlflow(monkeypatch) -> Iterator[str]:
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def alias_of(client: MlflowClient, name: str) -> str:
+    return str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
+
+
+def test_the_first_model_is_promoted_when_there_is_no_champion(registry):
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = "first-model"
+    run_id = start_checkpointed_run(client, constant_model(unigram_bias(val_uri)), folder)
+    checkpoint = client.get_run(run_id).data.tags["ddpflow.latest_checkpoint"]
+    version = register_model(RunRef(uri, run_id), checkpoint, name)  # as the flows register
+
+    decision = promote(uri, name, run_id, version, val_uri, margin=0.0)
+
+    assert decision.promoted and decision.reason == "no champion yet"
+    assert alias_of(client, name) == version
+    assert client.get_run(run_id).data.tags["ddpflow.retrain.promoted"] == "True"
+    assert not client.search_registered_models(f"name = '{lock_name(name)}'"), "lock released"
+
+
+def test_an_unavailable_registry_is_not_taken_for_no_champion(unavailable_mlflow):
+    started = time.monotonic()
+    with_password = unavailable_mlflow.replace("http://", "http://alice:s3cret-pw@")
+    with pytest.raises(RegistryError, match="cannot read the 'champion' alias") as error:
+        champion_version(with_password, "any-model")
+    assert "nothing was changed" in str(error.value)
+    assert "s3cret-pw" not in str(error.value)
+    with pytest.raises(RegistryError, match="cannot read the 'champion' alias"):
+        promote(unavailable_mlflow, "any-model", "0" * 32, "2", "unused", margin=0.0)
+    assert time.monotonic() - started < 30
+
+
+def test_two_concurrent_promotions_end_with_the_better_model(registry):
+    """Both challengers beat the old champion; the worse one is much slower to score, so it
+    decides last. Deciding against the champion it saw at the start would hand it the alias."""
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = "raced-model"
+    old, _ = add_version(client, name, constant_model(peaked_bias()), folder)
+    client.set_registered_model_alias(name, CHAMPION_ALIAS, old)
+    better = add_version(client, name, constant_model(unigram_bias(val_uri)), folder)
+    slow_worse = add_version(
+        client, name, constant_model(peaked_bias() * 0, hidden_size=256, num_layers=2), folder
+    )
+    start = threading.Barrier(2)
+    decisions: dict[str, Decision | BaseException] = {}
+
+    def promote_one(version: str, run_id: str) -> None:
+        start.wait()
+        try:
+            decisions[version] = promote(uri, name, run_id, version, val_uri, margin=0.0)
+        except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+            decisions[version] = error
+
+    threads = [threading.Thread(target=promote_one, args=v) for v in (better, slow_worse)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(isinstance(d, Decision) for d in decisions.values()), decisions
+    assert alias_of(client, name) == better[0]
+    worse_decision = decisions[slow_worse[0]]
+    if not worse_decision.promoted:  # it decided last: against the better model, not the old
+        assert worse_decision.champion_version == better[0]
+
+
+def test_a_held_lock_makes_the_next_promoter_wait_then_give_up_naming_it(registry):
+    client = MlflowClient(registry[0])
+    with (
+        promotion_lock(client, "locked-model"),
+        pytest.raises(PromotionLockTimeout, match="locked-model.promotion-lock"),
+        promotion_lock(client, "locked-model", wait_s=1.0, poll_s=0.2),
+    ):
+        pass
+    with promotion_lock(client, "locked-model", wait_s=1.0):  # released: free again
+        pass
+
+
+def test_a_lock_left_by_a_dead_holder_is_taken_once_it_expires(registry):
+    client = MlflowClient(registry[0])
+    abandoned = promotion_lock(client, "orphaned-model", ttl_s=1.0)
+    abandoned.__enter__()  # its holder never releases it, as if the process had died
+    started = time.monotonic()
+    with promotion_lock(client, "orphaned-model", wait_s=30.0, poll_s=0.2):
+        assert time.monotonic() - started >= 0.5
