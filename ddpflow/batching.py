@@ -4,6 +4,14 @@ from __future__ import annotations
 
 import torch
 
+# torch.Generator.manual_seed takes at most 2**64 - 1, and each epoch's order is seeded with
+# seed * SEED_STRIDE + epoch: MAX_SEED is the largest seed that fits for every epoch up to
+# MAX_EPOCHS (the flows' limit). Every other use of `seed` (dropout, sampling, the image
+# split) accepts anything this small.
+SEED_STRIDE = 1_000_003
+MAX_EPOCHS = 10_000
+MAX_SEED = (2**64 - 1 - MAX_EPOCHS) // SEED_STRIDE
+
 
 def epoch_batches(
     num_samples: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int
@@ -24,7 +32,7 @@ def epoch_batches(
             f"{num_samples} samples cannot be shared by {world_size} ranks; use more data "
             "or a smaller world_size"
         )
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
     perm = torch.randperm(num_samples, generator=generator)
     global_batch = batch_size * world_size
     num_steps = max(1, -(-num_samples // global_batch))

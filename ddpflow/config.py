@@ -140,7 +140,9 @@ def _parse_json_object(name: str, raw: str | None) -> dict[str, Any]:
     try:
         value = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{name} is not valid JSON ({error}): {raw!r}") from None
+        raise ConfigError(
+            f'{name} is not valid JSON ({error}): {raw!r}; set a JSON object such as {{"a": 1}}'
+        ) from None
     if not isinstance(value, dict):
         raise ConfigError(f'{name} must be a JSON object such as {{"n_workers": 2}}, got {raw!r}')
     return value

@@ -1,34 +1,85 @@
-"""Validated flow parameters: every user error names the field, the value and the fix."""
+"""Validated flow parameters: every user error names the field, the value and the fix.
+
+The limits shared by several flows are defined once, below, as annotated types.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+
+# A rank that makes no progress for a week is stuck; past this, timedelta overflows and
+# torch.distributed cannot represent the timeout at all.
+MAX_RANK_TIMEOUT_S = 7 * 24 * 3600.0
+
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
+BatchSize = Annotated[int, Field(ge=1)]
+LearningRate = Annotated[float, Field(gt=0, le=10)]
+HiddenSize = Annotated[int, Field(ge=1, le=8192)]
+NumLayers = Annotated[int, Field(ge=1, le=64)]
+Dropout = Annotated[float, Field(ge=0, lt=1)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+KeepLast = Annotated[int, Field(ge=1)]
+RankTimeout = Annotated[float, Field(gt=0, le=MAX_RANK_TIMEOUT_S)]
+Name = Annotated[str, Field(min_length=1)]
+
+# What to pass instead, per field, appended to pydantic's message (which says what is wrong).
+FIXES = {
+    "rank_timeout_s": f"pass finite seconds above 0, at most {MAX_RANK_TIMEOUT_S:g}, e.g. 120",
+    "seed": f"pass an integer from 0 to {MAX_SEED}",
+    "epochs": f"pass an integer from 1 to {MAX_EPOCHS}",
+    "batch_size": "pass a positive integer, e.g. 64",
+    "lr": "pass a learning rate above 0 and at most 10, e.g. 0.001",
+    "hidden_size": "pass an integer from 1 to 8192, e.g. 128",
+    "num_layers": "pass an integer from 1 to 64",
+    "dropout": "pass a fraction from 0 up to (not including) 1",
+    "holdout_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.1",
+    "val_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.2",
+    "max_bad_fraction": "pass a fraction from 0 up to (not including) 1, e.g. 0.01",
+    "max_image_mb": "pass a size in MiB above 0 and at most 1024, e.g. 20",
+    "world_size": "pass a positive number of ranks, or leave it unset for every worker",
+    "min_workers": "pass a positive number of ranks, at most world_size",
+    "keep_last": "pass a positive number of checkpoints to keep",
+}
 
 
 class ParameterError(ValueError):
     """Raised before any work starts when a flow parameter is unusable."""
 
 
-class CharLMParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class _Params(BaseModel):
+    # allow_inf_nan=False: inf or nan passes a `gt=0` bound (inf) or gives a confusing
+    # message (nan), and no parameter here has a use for either.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    source: str = Field(min_length=1)
-    epochs: int = Field(ge=1, le=10_000)
-    batch_size: int = Field(ge=1, description="samples per rank per step")
-    lr: float = Field(gt=0, le=10)
-    hidden_size: int = Field(ge=1, le=8192)
-    num_layers: int = Field(ge=1, le=64)
-    dropout: float = Field(ge=0, lt=1)
+
+class CharLMParams(_Params):
+    source: Name
+    epochs: Epochs
+    batch_size: BatchSize = Field(description="samples per rank per step")
+    lr: LearningRate
+    hidden_size: HiddenSize
+    num_layers: NumLayers
+    dropout: Dropout
     world_size: int | None = Field(default=None, ge=1, description="None: every worker")
-    seed: int = Field(ge=0)
-    holdout_fraction: float = Field(gt=0, lt=1)
-    keep_last: int = Field(ge=1)
+    seed: Seed
+    holdout_fraction: Fraction
+    keep_last: KeepLast
     num_names: int = Field(ge=0, le=10_000)
-    rank_timeout_s: float = Field(gt=0)
-    model_name: str = Field(min_length=1)
-    experiment: str = Field(min_length=1)
+    rank_timeout_s: RankTimeout
+    model_name: Name
+    experiment: Name
     max_restarts: int = Field(default=2, ge=0, le=100)
     min_workers: int | None = Field(default=None, ge=1, description="None: the world size")
 
@@ -38,31 +89,38 @@ class CharLMParams(BaseModel):
     def _strip(cls, value: object) -> object:
         return value.strip() if isinstance(value, str) else value
 
+    @model_validator(mode="after")
+    def _min_workers_fit(self) -> CharLMParams:
+        if None not in (self.min_workers, self.world_size) and self.min_workers > self.world_size:
+            raise ValueError(
+                f"min_workers={self.min_workers} is more than world_size={self.world_size}; "
+                "lower min_workers or raise world_size"
+            )
+        return self
 
-class SweepParams(BaseModel):
+
+class SweepParams(_Params):
     """The sweep's parameters. Trials (grid or list, exactly one) are checked per trial by
     ddpflow.sweep, so one bad trial is reported while the others run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    source: str = Field(min_length=1)
+    source: Name
     grid: dict[str, Any] | None = Field(default=None, description="field -> list of values")
     trials: list[Any] | None = Field(default=None, description="list of {field: value}")
     # Defaults for every trial field a grid or trial does not set; checked here so a bad
     # default fails the sweep up front instead of failing every trial.
-    epochs: int = Field(ge=1, le=10_000)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0, le=10)
-    hidden_size: int = Field(ge=1, le=8192)
-    num_layers: int = Field(ge=1, le=64)
-    dropout: float = Field(ge=0, lt=1)
-    seed: int = Field(ge=0)
+    epochs: Epochs
+    batch_size: BatchSize
+    lr: LearningRate
+    hidden_size: HiddenSize
+    num_layers: NumLayers
+    dropout: Dropout
+    seed: Seed
     ranks_per_trial: int = Field(ge=1)
-    holdout_fraction: float = Field(gt=0, lt=1)
-    keep_last: int = Field(ge=1)
-    rank_timeout_s: float = Field(gt=0)
-    model_name: str = Field(min_length=1)
-    experiment: str = Field(min_length=1)
+    holdout_fraction: Fraction
+    keep_last: KeepLast
+    rank_timeout_s: RankTimeout
+    model_name: Name
+    experiment: Name
     promote: bool
 
     @field_validator("source", mode="before")
@@ -84,13 +142,14 @@ def _describe(error: dict) -> str:
     if error["type"] == "missing":
         # The "input" of a missing field is the whole parameter dict (source URL included).
         return f"{field}: {error['msg']}"
-    return f"{field}={error.get('input')!r}: {error['msg']}"
+    if not field:  # a check across fields: its message names them and the fix
+        return error["msg"].removeprefix("Value error, ")
+    fix = FIXES.get(field)
+    return f"{field}={error.get('input')!r}: {error['msg']}" + (f"; {fix}" if fix else "")
 
 
-class ImageParams(BaseModel):
+class ImageParams(_Params):
     """The image flow's parameters (train-images)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     source: str | None = Field(default=None, description="None: the digits demo folder")
     arch: Literal["resnet18", "resnet50"]
@@ -98,20 +157,21 @@ class ImageParams(BaseModel):
     freeze_backbone: bool
     image_size: int = Field(ge=8, le=1024)
     resize: Literal["crop", "stretch"]
-    val_fraction: float = Field(gt=0, lt=1)
-    epochs: int = Field(ge=1, le=10_000)
-    batch_size: int = Field(ge=1, description="images per rank per step")
-    lr: float = Field(gt=0, le=10, description="base lr, multiplied by world_size")
+    val_fraction: Fraction
+    epochs: Epochs
+    batch_size: BatchSize = Field(description="images per rank per step")
+    lr: LearningRate = Field(description="base lr, multiplied by world_size")
     optimizer: Literal["adam", "sgd"]
     lr_patience: int = Field(ge=0)
     world_size: int | None = Field(default=None, ge=1, description="None: every worker")
-    seed: int = Field(ge=0)
+    seed: Seed
     max_bad_fraction: float = Field(ge=0, lt=1)
-    keep_last: int = Field(ge=1)
-    rank_timeout_s: float = Field(gt=0)
+    max_image_mb: float = Field(default=20.0, gt=0, le=1024, description="cap per image file")
+    keep_last: KeepLast
+    rank_timeout_s: RankTimeout
     max_restarts: int = Field(default=2, ge=0, le=100)
-    model_name: str = Field(min_length=1)
-    experiment: str = Field(min_length=1)
+    model_name: Name
+    experiment: Name
 
     @field_validator("source", "weights", mode="before")
     @classmethod

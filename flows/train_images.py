@@ -83,6 +83,7 @@ def train_images(
     world_size: int | None = None,
     seed: int = 0,
     max_bad_fraction: float = 0.01,
+    max_image_mb: float = 20.0,
     keep_last: int = 3,
     rank_timeout_s: float = 120.0,
     max_restarts: int = 2,
@@ -107,6 +108,7 @@ def train_images(
         params.val_fraction,
         params.seed,
         params.max_bad_fraction,
+        params.max_image_mb,
     ).result()
     print(
         f"images: {len(data.classes)} classes, {data.num_train} train / {data.num_val} "

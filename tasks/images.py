@@ -20,6 +20,7 @@ from ddpflow.vision.evaluation import (
 )
 from ddpflow.vision.image_folder import describe_keys
 from ddpflow.vision.model import resolve_weights
+from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB
 from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
 from tasks.restarts import train_with_restarts
 
@@ -38,9 +39,12 @@ def format_images(
     val_fraction: float,
     seed: int,
     max_bad_fraction: float,
+    max_image_mb: float = DEFAULT_MAX_IMAGE_MB,
 ) -> FormattedImages:
     """List, decode, split and store the folder as tensors; warn about skipped files."""
-    result = format_image_folder(source, artifact_root, spec, val_fraction, seed, max_bad_fraction)
+    result = format_image_folder(
+        source, artifact_root, spec, val_fraction, seed, max_bad_fraction, max_image_mb
+    )
     shown = redact_url(source)
     if result.bad:
         get_run_logger().warning(

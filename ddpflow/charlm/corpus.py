@@ -8,6 +8,9 @@ from pathlib import Path
 from ddpflow.charlm.vocab import CleanReport, clean_names
 
 DEFAULT_CORPUS_PATH = Path(__file__).parent / "data" / "census_names.json"
+# A names corpus is a few MB (the shipped one is under 1 MB); a source far larger is a
+# wrong URL or a hostile server, and would be held in memory whole.
+MAX_SOURCE_BYTES = 100 * 2**20
 
 _EXPECTED = 'expected a JSON list of name strings, e.g. ["bella", "max"]'
 _JSON_TYPES = {
@@ -23,6 +26,15 @@ _JSON_TYPES = {
 
 class CorpusError(ValueError):
     """The corpus cannot be used; the message names its source and what was expected."""
+
+
+def source_too_large(source: str, size: int, max_bytes: int = MAX_SOURCE_BYTES) -> CorpusError:
+    """The error for a source over the cap; `source` must already be redacted."""
+    return CorpusError(
+        f"{source}: {size if size > max_bytes + 1 else 'more than ' + str(max_bytes)} bytes, "
+        f"over the {max_bytes // 2**20} MiB cap on a corpus source; pass a smaller JSON list "
+        "of names (deduplicate it or sample from it)"
+    )
 
 
 def _json_type(value: object) -> str:

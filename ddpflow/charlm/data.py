@@ -7,14 +7,24 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
+from fsspec.implementations.http import HTTPFileSystem
+from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
-from ddpflow.charlm.corpus import parse_names, split_holdout
+from ddpflow.charlm.corpus import (
+    MAX_SOURCE_BYTES,
+    CorpusError,
+    parse_names,
+    source_too_large,
+    split_holdout,
+)
 from ddpflow.charlm.formatting import format_names
+from ddpflow.redact import redact_url
 from ddpflow.retry import retry_call
 
 FORMAT_VERSION = 1
@@ -52,23 +62,54 @@ def source_storage_options(source: str) -> dict[str, Any]:
     return {}
 
 
-def read_source(source: str) -> bytes:
-    """Bytes of any fsspec URL, retrying transient network errors with backoff."""
+def read_source(source: str, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
+    """Bytes of any fsspec URL, at most `max_bytes`, retrying transient network errors."""
     import fsspec
 
     def fetch() -> bytes:
-        # cat_file, not open(): fsspec's HTTP open() reports any failed size probe (a 503
-        # too) as FileNotFoundError, which would hide a transient error from the retry.
         fs, path = fsspec.core.url_to_fs(source, **source_storage_options(source))
-        return fs.cat_file(path)
+        return _read_capped(fs, path, redact_url(source), max_bytes)
 
     try:
-        return retry_call(fetch, what=f"download {source}")
+        return retry_call(fetch, what=f"download {redact_url(source)}")
     except FileNotFoundError as error:
         raise FileNotFoundError(
             f"source {source!r} does not exist ({error}); pass source= a local path, "
             "https:// URL or s3:// URL of a JSON list of names"
         ) from error
+
+
+def _read_capped(fs: Any, path: str, shown: str, max_bytes: int) -> bytes:
+    """Refuse what is too large (or, locally, not a regular file) before reading it whole."""
+    if isinstance(fs, HTTPFileSystem):
+        # A stream read in bounded pieces: the size may be unknown until the end. size=
+        # skips open()'s size probe, whose failure (a 503 too) fsspec reports as
+        # FileNotFoundError, which would hide a transient error from the retry.
+        with fs.open(path, "rb", block_size=0, size=max_bytes + 1) as stream:
+            data = _read_at_most(stream, max_bytes + 1)
+    else:
+        if isinstance(fs, LocalFileSystem):
+            st = os.stat(path)  # a missing file raises FileNotFoundError here
+            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+                raise CorpusError(f"{shown}: not a regular file; pass a JSON file of names")
+        size = fs.size(path)
+        if size is not None and size > max_bytes:
+            raise source_too_large(shown, size, max_bytes)
+        data = fs.cat_file(path)
+    if len(data) > max_bytes:  # grew since the size was read, or a stream
+        raise source_too_large(shown, len(data), max_bytes)
+    return data
+
+
+def _read_at_most(stream: Any, limit: int) -> bytes:
+    chunks, total = [], 0
+    while total < limit:
+        chunk = stream.read(min(2**20, limit - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+    return b"".join(chunks)
 
 
 def fetch_corpus(source: str, artifact_root: str) -> SourceCopy:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+
 MAX_TRIALS = 1000  # a typo like 10 values x 10 keys should fail loudly, not queue 10^10 trials
 
 
@@ -47,8 +49,11 @@ _RULES: dict[str, tuple[type, list[Check]]] = {
     "hidden_size": (int, [(lambda v: 1 <= v <= 8192, "must be between 1 and 8192")]),
     "num_layers": (int, [(lambda v: 1 <= v <= 64, "must be between 1 and 64")]),
     "dropout": (float, [(lambda v: 0 <= v < 1, "must be >= 0 and < 1")]),
-    "epochs": (int, [(lambda v: 1 <= v <= 10_000, "must be between 1 and 10000")]),
-    "seed": (int, [(lambda v: v >= 0, "must be >= 0")]),
+    "epochs": (int, [(lambda v: 1 <= v <= MAX_EPOCHS, f"must be between 1 and {MAX_EPOCHS}")]),
+    "seed": (
+        int,
+        [(lambda v: v >= 0, "must be >= 0"), (lambda v: v <= MAX_SEED, f"must be <= {MAX_SEED}")],
+    ),
     "fail_after_epochs": (int, [(lambda v: v >= 1, "must be >= 1")]),
 }
 

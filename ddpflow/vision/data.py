@@ -30,11 +30,13 @@ from ddpflow.vision.image_folder import (
     check_classes_have_images,
     decode_image,
     list_image_folder,
-    read_objects,
 )
+from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB, BadObject, read_objects
 from ddpflow.vision.split import stratified_split
 
-FORMAT_VERSION = 1
+# 2: reads that failed for network reasons were cached as unreadable by version 1; such
+# manifests must not be trusted, and the per-image size cap is part of the key.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 Transform = Callable[[Image.Image], torch.Tensor]
 
@@ -96,10 +98,17 @@ def format_image_folder(
     val_fraction: float,
     seed: int,
     max_bad_fraction: float,
+    max_image_mb: float = DEFAULT_MAX_IMAGE_MB,
 ) -> FormattedImages:
-    """List, decode, split and store `root`; bad input fails here, before anything is written."""
-    index = list_image_folder(root)
-    settings = f"{index.fingerprint}-v{FORMAT_VERSION}-{spec}-{val_fraction:g}-{seed}"
+    """List, decode, split and store `root`; bad input fails here, before anything is written.
+
+    Entries the listing rules out (not a regular file, outside the folder, too large) and
+    images that do not decode are `bad`; a read that fails for any other reason raises
+    ImageReadError, so nothing is stored that a rerun would trust.
+    """
+    index = list_image_folder(root, max_image_mb)
+    cap = index.max_image_bytes
+    settings = f"{index.fingerprint}-v{FORMAT_VERSION}-{spec}-{val_fraction:g}-{seed}-{cap}"
     key = storage.sha256_hex(settings.encode())[:16]
     folder = storage.join(artifact_root, "data", "images", key)
     manifest_uri = storage.join(folder, MANIFEST)
@@ -109,7 +118,9 @@ def format_image_folder(
         check_bad_share(redact_url(root), result.num_files, result.bad_images, max_bad_fraction)
         return result
     keys, images, labels, bad = decode_all(index, spec.transform())
-    check_bad_share(redact_url(root), len(index.samples), bad, max_bad_fraction)
+    bad = sorted([*index.skipped, *bad], key=lambda b: b.key)
+    num_files = len(index.samples) + len(index.skipped)
+    check_bad_share(redact_url(root), num_files, bad, max_bad_fraction)
     check_classes_have_images(redact_url(root), index.classes, labels, "no readable image")
     train, val = stratified_split(keys, labels, val_fraction, seed)
     if not val:
@@ -126,7 +137,7 @@ def format_image_folder(
         num_val=len(val),
         image_size=spec.image_size,
         fingerprint=index.fingerprint,
-        num_files=len(index.samples),
+        num_files=num_files,
         bad=[asdict(b) for b in bad],
         ignored=index.ignored,
     )
@@ -144,9 +155,10 @@ def decode_all(
     images: list[torch.Tensor] = []
     labels: list[int] = []
     bad: list[BadImage] = []
-    for key, data in read_objects(index, [k for k, _ in index.samples]):
-        if data is None:
-            bad.append(BadImage(key, "could not be read"))
+    sample_keys = [k for k, _ in index.samples]
+    for key, data in read_objects(index.root, sample_keys, index.max_image_bytes):
+        if isinstance(data, BadObject):
+            bad.append(BadImage(key, data.reason))
             continue
         try:
             tensor = transform(decode_image(data))

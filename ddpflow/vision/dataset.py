@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from ddpflow import storage
 from ddpflow.vision.data import Transform
 from ddpflow.vision.image_folder import DatasetError, ImageIndex, decode_image
+from ddpflow.vision.objects import BadObject, read_objects
 
 
 class ImageFolderDataset(Dataset):
@@ -31,24 +30,21 @@ class ImageFolderDataset(Dataset):
         self.index = index
         self.transform = transform
         self.indices = list(range(len(index.samples)) if indices is None else indices)
-        self._fs: Any = None  # opened lazily, in the process that reads
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         key, label = self.index.samples[self.indices[i]]
-        if self._fs is None:
-            self._fs, self._base = storage.url_to_fs(self.index.root)
+        # Same rules as formatting: regular files inside the folder, under the size cap,
+        # transient errors retried.
+        _, data = next(read_objects(self.index.root, [key], self.index.max_image_bytes))
         try:
-            data = self._fs.cat_file(f"{self._base.rstrip('/')}/{key}")
+            if isinstance(data, BadObject):
+                raise ValueError(data.reason)
             return self.transform(decode_image(data)), label
         except (OSError, SyntaxError, ValueError) as error:
             raise DatasetError(f"cannot read {self.index.uri(key)}: {error}") from error
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A filesystem object is not sent to a loader process: each one opens its own.
-        return {**self.__dict__, "_fs": None}
 
 
 def spawn_loader(

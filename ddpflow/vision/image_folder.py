@@ -2,17 +2,18 @@
 
 Classes and sample order match torchvision's ImageFolder (class folders sorted by name,
 images with an image extension found recursively, sorted folder by folder), so a model
-trained here has the class indices a torchvision user expects. Reads go through
-ddpflow.storage (local folders, s3:// through s3fs) and images are decoded from bytes with
-PIL, so no file handle outlives a call and nothing here needs a forked process.
+trained here has the class indices a torchvision user expects. Listing and reading go
+through ddpflow.vision.objects (regular files inside the folder only, each under a size
+cap) and images are decoded from bytes with PIL, so no file handle outlives a call and
+nothing here needs a forked process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
@@ -20,13 +21,19 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ddpflow import storage
 from ddpflow.redact import redact_url
+from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB, list_objects, mb_to_bytes
 
 MAX_KEYS_SHOWN = 10
-READ_CHUNK = 256  # objects fetched concurrently per request batch: bounds memory, not speed
 
 
 class DatasetError(ValueError):
     """The image folder cannot be trained on; the message names the root and what is wrong."""
+
+
+@dataclass(frozen=True)
+class BadImage:
+    key: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -38,39 +45,33 @@ class ImageIndex:
     samples: list[tuple[str, int]]  # (key relative to root, class index)
     ignored: list[str]  # files in class folders without an image extension
     fingerprint: str  # changes when any listed file is added, removed or rewritten
+    skipped: list[BadImage] = field(default_factory=list)  # image entries never read
+    max_image_bytes: int = mb_to_bytes(DEFAULT_MAX_IMAGE_MB)
 
     def uri(self, key: str) -> str:
         return storage.join(self.root, key)
 
 
-@dataclass(frozen=True)
-class BadImage:
-    key: str
-    reason: str
+def list_image_folder(root: str, max_image_mb: float = DEFAULT_MAX_IMAGE_MB) -> ImageIndex:
+    """List `<root>/<class>/...` once; a folder with < 2 classes or an empty class is an error.
+
+    Entries that must not be read (not a regular file, a symlink out of the folder, over
+    `max_image_mb`) are kept out of the samples and reported in `skipped` with the reason.
+    """
+    max_bytes = mb_to_bytes(max_image_mb)
+    listing = list_objects(root, max_bytes)
+    if listing.linked_classes:
+        raise DatasetError(
+            f"class folder(s) {', '.join(map(repr, listing.linked_classes))} under "
+            f"{redact_url(root)} are symlinks, which are not followed (they could lead "
+            "outside the folder); copy or bind-mount the images into the folder"
+        )
+    return _build_index(root, sorted(listing.class_dirs), listing.files, max_bytes)
 
 
-def list_image_folder(root: str) -> ImageIndex:
-    """List `<root>/<class>/...` once; a folder with < 2 classes or an empty class is an error."""
-    fs, base = storage.url_to_fs(root)
-    base = base.rstrip("/")
-    entries = fs.find(base, withdirs=True, detail=True)
-    class_dirs: set[str] = set()
-    files: dict[str, dict[str, Any]] = {}
-    for name, info in entries.items():
-        rel = name.rstrip("/")[len(base) :].lstrip("/")
-        if not rel:
-            continue
-        if "/" not in rel:  # torchvision ignores files at the top level, and so do we
-            if info.get("type") == "directory":
-                class_dirs.add(rel)
-            continue
-        class_dirs.add(rel.split("/", 1)[0])
-        if info.get("type") != "directory":
-            files[rel] = info
-    return _build_index(root, sorted(class_dirs), files)
-
-
-def _build_index(root: str, classes: list[str], files: dict[str, dict[str, Any]]) -> ImageIndex:
+def _build_index(
+    root: str, classes: list[str], files: dict[str, dict[str, Any]], max_bytes: int
+) -> ImageIndex:
     shown = redact_url(root)
     if not classes:
         raise DatasetError(
@@ -86,10 +87,19 @@ def _build_index(root: str, classes: list[str], files: dict[str, dict[str, Any]]
     # torchvision walks each class folder sorted by directory, then by file name.
     ordered = sorted(files, key=lambda k: (k.rsplit("/", 1)[0], k.rsplit("/", 1)[1]))
     images = [k for k in ordered if k.lower().endswith(IMG_EXTENSIONS)]
-    samples = [(k, class_to_index[k.split("/", 1)[0]]) for k in images]
-    check_classes_have_images(shown, classes, [label for _, label in samples], "no image files")
-    ignored = [k for k in ordered if not k.lower().endswith(IMG_EXTENSIONS)]
-    return ImageIndex(root, classes, samples, ignored, _fingerprint(images, files))
+    readable = [k for k in images if not files[k]["problem"]]
+    samples = [(k, class_to_index[k.split("/", 1)[0]]) for k in readable]
+    skipped = [BadImage(k, files[k]["problem"]) for k in images if files[k]["problem"]]
+    labels = [class_to_index[k.split("/", 1)[0]] for k in images]
+    check_classes_have_images(shown, classes, labels, "no image files")
+    image_set = set(images)
+    ignored = [_with_problem(k, files[k]) for k in ordered if k not in image_set]
+    fingerprint = _fingerprint(images, files)
+    return ImageIndex(root, classes, samples, ignored, fingerprint, skipped, max_bytes)
+
+
+def _with_problem(key: str, info: dict[str, Any]) -> str:
+    return f"{key} ({info['problem']})" if info.get("problem") else key
 
 
 def check_classes_have_images(
@@ -113,18 +123,6 @@ def _fingerprint(keys: list[str], files: dict[str, dict[str, Any]]) -> str:
         version = info.get("ETag") or info.get("mtime") or ""
         digest.update(f"{key}\0{info.get('size')}\0{version}\n".encode())
     return digest.hexdigest()
-
-
-def read_objects(index: ImageIndex, keys: Sequence[str]) -> Iterator[tuple[str, bytes | None]]:
-    """(key, bytes) per key, fetched concurrently in chunks; None where the read failed."""
-    fs, base = storage.url_to_fs(index.root)
-    base = base.rstrip("/")
-    for start in range(0, len(keys), READ_CHUNK):
-        paths = {f"{base}/{key}": key for key in keys[start : start + READ_CHUNK]}
-        contents = fs.cat(list(paths), on_error="return")
-        for path, key in paths.items():
-            data = contents.get(path)
-            yield key, data if isinstance(data, bytes) else None
 
 
 def decode_image(data: bytes) -> Image.Image:
