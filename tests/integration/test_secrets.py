@@ -26,9 +26,6 @@ from tests.integration.conftest import project_env, run_flow
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
-# A fresh project's Prefect database is created on first use; on a loaded machine that can
-# take longer than the ephemeral server's default 20 s start-up limit.
-SLOW_START = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120"}
 TINY = ["--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "4096"]
 
 READ_RECORDS = """
@@ -82,7 +79,7 @@ def prefect_records(project: Path) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", READ_RECORDS],
         cwd=project,
-        env={**project_env(project), **SLOW_START},
+        env={**project_env(project)},
         capture_output=True,
         text=True,
         timeout=180,
@@ -103,9 +100,7 @@ def assert_no_file_holds_a_secret(project: Path) -> None:
 def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path):
     project = tmp_path / "project"
     source = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/missing.json?key={KEY}#frag"
-    result = run_flow(
-        "train_charlm", ["--source", source, *TINY], project, timeout_s=300, env=SLOW_START
-    )
+    result = run_flow("train_charlm", ["--source", source, *TINY], project, timeout_s=300)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
     assert "embeds credentials" in result.stderr and "~/.netrc" in result.stderr, output[-3000:]
@@ -149,7 +144,7 @@ def test_download_task_failure_repeats_no_credential(tmp_path, missing_file_serv
     result = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(DOWNLOAD_FLOW)],
         cwd=project,
-        env={**project_env(project), **SLOW_START, "SECRET_SOURCE": source},
+        env={**project_env(project), "SECRET_SOURCE": source},
         capture_output=True,
         text=True,
         timeout=180,
