@@ -7,10 +7,12 @@ and a failed probe wrote nothing.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,6 +22,7 @@ from typing import TypeVar
 from ddpflow import storage
 from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
 from ddpflow.http_probe import API_PROBE_TIMEOUT_S, probe_http, probe_http_off_loop
+from ddpflow.redact import clean_cause, redact_text
 
 __all__ = [
     "API_PROBE_TIMEOUT_S",
@@ -42,7 +45,14 @@ API_FIX = (
 
 
 class PreflightError(RuntimeError):
-    """A component is unusable; the run stopped before doing anything."""
+    """A component is unusable; the run stopped before doing anything.
+
+    The message is redacted when the error is made: it names URIs (a tracking URI may
+    carry user:password@), and it ends up in the terminal and in Prefect's flow state.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_text(message))
 
 
 def check_artifact_store(root: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -68,7 +78,7 @@ def check_artifact_store(root: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Non
     try:
         _bounded(roundtrip, timeout_s)
     except Exception as error:  # noqa: BLE001 - every failure becomes one clear message
-        raise PreflightError(_artifact_store_message(root, error)) from error
+        raise PreflightError(_artifact_store_message(root, error)) from clean_cause(error)
 
 
 def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
@@ -84,14 +94,15 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
     if not tracking_uri.startswith(("http://", "https://")):
         return  # other stores (databricks, file:) are left to MLflow itself
     base = tracking_uri.rstrip("/")
-    tried = f"{base}/api/2.0/mlflow/experiments/search"
+    plain, headers = _basic_auth(base)
+    tried = f"{plain}/api/2.0/mlflow/experiments/search"
     try:
         # A direct bounded request: MLflow's own client retries a dead server for minutes.
         request = urllib.request.Request(
             tried,
             data=json.dumps({"max_results": 1}).encode(),
             method="POST",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **headers},
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             json.loads(response.read() or b"{}")
@@ -100,7 +111,23 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
         raise PreflightError(
             f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
             f"Start the server or fix {TRACKING_URI_ENV}."
-        ) from error
+        ) from clean_cause(error)
+
+
+def _basic_auth(url: str) -> tuple[str, dict[str, str]]:
+    """The URL without user:password@, and the Authorization header that carries them.
+
+    MLflow's client (requests) sends URL credentials as basic auth; urllib would instead
+    take them for part of the host name.
+    """
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url, {}
+    userinfo, _, host = parts.netloc.rpartition("@")
+    user, _, password = (urllib.parse.unquote(p) for p in userinfo.partition(":"))
+    token = base64.b64encode(f"{user}:{password}".encode()).decode()
+    plain = urllib.parse.urlunsplit(parts._replace(netloc=host))
+    return plain, {"Authorization": f"Basic {token}"}
 
 
 def check_workers_reach_api(
@@ -137,7 +164,7 @@ def check_workers_reach(
             f"could not ask every Dask worker whether it reaches {what} "
             f"({type(error).__name__}: {error}). Check that the workers are running and "
             f"responsive; if they are and cannot reach it: {fix}"
-        ) from error
+        ) from clean_cause(error)
     failed = {
         worker: answer if isinstance(answer, str) else f"{type(answer).__name__}: {answer}"
         for worker, answer in sorted(answers.items())

@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from ddpflow.redact import redact_text
+
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
@@ -67,8 +69,14 @@ def retry_call(
             if not is_transient(error) or attempt == attempts:
                 raise
             delay = min(max_delay_s, base_delay_s * 2 ** (attempt - 1))
+            # Client errors quote the URL they failed on, credentials included.
             log.warning(
-                "%s failed (%s); retry %d/%d in %.1fs", what, error, attempt, attempts - 1, delay
+                "%s failed (%s); retry %d/%d in %.1fs",
+                redact_text(what),
+                redact_text(str(error)),
+                attempt,
+                attempts - 1,
+                delay,
             )
             sleep(delay)
     raise AssertionError("unreachable")

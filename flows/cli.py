@@ -13,6 +13,8 @@ from typing import Any
 
 from prefect import Flow
 
+from ddpflow.redact import redact_text
+
 
 def _scalar_type(annotation: Any) -> type:
     if isinstance(annotation, str):
@@ -72,5 +74,6 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     try:
         return flow(**args)
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback
-        print(f"\nddpflow: {flow.name} failed: {error}", file=sys.stderr)
+        # Errors raised by ddpflow are redacted already; a library's may quote a URL.
+        print(f"\nddpflow: {flow.name} failed: {redact_text(str(error))}", file=sys.stderr)
         sys.exit(1)

@@ -1,5 +1,12 @@
 """Validated flow parameters: every user error names the field, the value and the fix.
 
+A URI parameter (source, weights) that embeds credentials (user:password@, ?token=...,
+X-Amz-Signature=...) is refused: Prefect records flow parameters in the flow run and
+MLflow logs them in the run, so a secret passed that way would be stored for anyone who
+can read either. Credentials belong in the environment, where s3fs and the HTTP client
+already look for them. The refusal names the URI redacted, and the flow's recorded
+parameters are redacted too (flows.redacted_flow).
+
 The limits shared by several flows are defined once, below, as annotated types.
 """
 
@@ -17,6 +24,7 @@ from pydantic import (
 )
 
 from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.redact import has_credentials, redact_text, redact_url
 
 # A rank that makes no progress for a week is stuck; past this, timedelta overflows and
 # torch.distributed cannot represent the timeout at all.
@@ -53,6 +61,19 @@ FIXES = {
     "keep_last": "pass a positive number of checkpoints to keep",
 }
 
+CREDENTIALS_FIX = (
+    "pass the URI without credentials and put them in the environment instead: "
+    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, an entry in "
+    "~/.netrc (or the file $NETRC names) for http(s)://; or download the file and pass its path"
+)
+
+
+def refuse_credentials(value: object) -> object:
+    """A URI parameter, unchanged, or ValueError when it embeds credentials."""
+    if isinstance(value, str) and has_credentials(value):
+        raise ValueError(f"{redact_url(value)} embeds credentials; {CREDENTIALS_FIX}")
+    return value
+
 
 class ParameterError(ValueError):
     """Raised before any work starts when a flow parameter is unusable."""
@@ -87,7 +108,7 @@ class CharLMParams(_Params):
     @field_validator("source", mode="before")
     @classmethod
     def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
+        return refuse_credentials(value.strip() if isinstance(value, str) else value)
 
     @model_validator(mode="after")
     def _min_workers_fit(self) -> CharLMParams:
@@ -126,14 +147,15 @@ class SweepParams(_Params):
     @field_validator("source", mode="before")
     @classmethod
     def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
+        return refuse_credentials(value.strip() if isinstance(value, str) else value)
 
 
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:
     try:
         return model(**values)
     except ValidationError as error:
-        problems = "; ".join(_describe(e) for e in error.errors())
+        # Each problem quotes the value given, which may be a URI with credentials.
+        problems = redact_text("; ".join(_describe(e) for e in error.errors()))
         raise ParameterError(f"invalid flow parameters: {problems}") from None
 
 
@@ -176,7 +198,7 @@ class ImageParams(_Params):
     @field_validator("source", "weights", mode="before")
     @classmethod
     def _strip(cls, value: object) -> object:
-        return value.strip() if isinstance(value, str) else value
+        return refuse_credentials(value.strip() if isinstance(value, str) else value)
 
     @field_validator("source")
     @classmethod

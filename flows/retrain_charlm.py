@@ -12,14 +12,13 @@ promotion lock in the registry (`ddpflow.promotion_lock`).
 
 from __future__ import annotations
 
-from prefect import flow
-
 from ddpflow.charlm.champion import Decision
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from flows.charlm_pipeline import run_charlm_pipeline
 from flows.cli import run_cli
 from flows.params import CharLMParams, ParameterError, validate_params
+from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from tasks.retrain import score_and_promote
 

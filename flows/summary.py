@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from ddpflow.redact import redact_url
+
 
 def mlflow_ui_hint(tracking_uri: str, run_id: str) -> str:
+    """Where to see the run; a tracking URI's credentials are shown as ***."""
+    tracking_uri = redact_url(tracking_uri)
     if tracking_uri.startswith(("http://", "https://")):
         return f"open {tracking_uri.rstrip('/')}/#/runs/{run_id}"
     return (

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prefect import flow
 from prefect.runtime import flow_run
 
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
@@ -36,6 +35,7 @@ from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_r
 from flows.cli import run_cli
 from flows.params import ParameterError, SweepParams, validate_params
 from flows.preflight import run_preflight
+from flows.redacted_flow import flow
 from flows.runner import current_dask_client, dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary

@@ -5,13 +5,12 @@ Run it: `python -m flows.train_charlm --epochs 2` (or `make demo`).
 
 from __future__ import annotations
 
-from prefect import flow
-
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
 from flows.cli import run_cli
 from flows.params import CharLMParams, validate_params
+from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect import flow
 from prefect.runtime import flow_run
 
 from ddpflow import storage
@@ -21,6 +20,7 @@ from ddpflow.vision.training import ImageTrainJob
 from flows.cli import run_cli
 from flows.params import ImageParams, validate_params
 from flows.preflight import run_preflight
+from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from tasks.images import (

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,9 +73,7 @@ class StackState:
             "startup_s": self.startup_s,
             "total_startup_s": self.total_startup_s,
         }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.state_path)  # readers never see half a file
+        write_private(self.state_path, json.dumps(data, indent=2) + "\n")
 
     @classmethod
     def load(cls, stack_dir: Path) -> StackState | None:
@@ -92,11 +92,29 @@ class StackState:
         )
 
     def write_env_file(self) -> None:
-        self.env_path.write_text(env_block(self.env) + "\n")
+        write_private(self.env_path, env_block(self.env) + "\n")
 
     def remove_files(self) -> None:
         self.state_path.unlink(missing_ok=True)
         self.env_path.unlink(missing_ok=True)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Replace path with text, readable by its owner only (0600) from the first byte.
+
+    Both files hold the stack's credentials. The file is created 0600 (a chmod after
+    writing would leave a moment when others can read it) under a unique temporary name,
+    then renamed into place, so a reader never sees half a file and an old file's looser
+    mode is not inherited.
+    """
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def client_env(ports: dict[str, int]) -> dict[str, str]:

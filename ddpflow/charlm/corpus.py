@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ddpflow.charlm.vocab import CleanReport, clean_names
+from ddpflow.redact import redact_text
 
 DEFAULT_CORPUS_PATH = Path(__file__).parent / "data" / "census_names.json"
 # A names corpus is a few MB (the shipped one is under 1 MB); a source far larger is a
@@ -25,7 +26,14 @@ _JSON_TYPES = {
 
 
 class CorpusError(ValueError):
-    """The corpus cannot be used; the message names its source and what was expected."""
+    """The corpus cannot be used; the message names its source and what was expected.
+
+    The message is redacted when the error is made, so no URL credential in it reaches a
+    log, a terminal or a Prefect state, whoever raises it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact_text(message))
 
 
 def source_too_large(source: str, size: int, max_bytes: int = MAX_SOURCE_BYTES) -> CorpusError:

@@ -24,7 +24,7 @@ from ddpflow.charlm.corpus import (
     split_holdout,
 )
 from ddpflow.charlm.formatting import format_names
-from ddpflow.redact import redact_url
+from ddpflow.redact import clean_cause, redact_text, redact_url
 from ddpflow.retry import retry_call
 
 FORMAT_VERSION = 1
@@ -55,28 +55,51 @@ class FormattedCorpus:
     reused: bool = False
 
 
+NETRC_FIX = "put the credentials in ~/.netrc (or the file $NETRC names), never in the source URL"
+
+
 def source_storage_options(source: str) -> dict[str, Any]:
-    """Public buckets (like the seed's) are read anonymously when no AWS key is configured."""
+    """fsspec options for reading the source.
+
+    Public buckets (like the seed's) are read anonymously when no AWS key is configured.
+    HTTP sources trust the environment: a netrc entry supplies basic-auth credentials
+    (and *_PROXY variables a proxy), so no credential has to sit in the source URL.
+    """
     if source.startswith("s3://") and not os.environ.get("AWS_ACCESS_KEY_ID"):
         return {"anon": True}
+    if source.startswith(("http://", "https://")):
+        return {"client_kwargs": {"trust_env": True}}
     return {}
 
 
 def read_source(source: str, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
-    """Bytes of any fsspec URL, at most `max_bytes`, retrying transient network errors."""
+    """Bytes of any fsspec URL, at most `max_bytes`, retrying transient network errors.
+
+    Every error names the source with its credentials hidden, and drops a cause whose
+    text repeats them: the message ends up in Prefect states, logs and the terminal.
+    """
     import fsspec
+
+    shown = redact_url(source)
 
     def fetch() -> bytes:
         fs, path = fsspec.core.url_to_fs(source, **source_storage_options(source))
-        return _read_capped(fs, path, redact_url(source), max_bytes)
+        return _read_capped(fs, path, shown, max_bytes)
 
     try:
-        return retry_call(fetch, what=f"download {redact_url(source)}")
+        return retry_call(fetch, what=f"download {shown}")
     except FileNotFoundError as error:
         raise FileNotFoundError(
-            f"source {source!r} does not exist ({error}); pass source= a local path, "
-            "https:// URL or s3:// URL of a JSON list of names"
-        ) from error
+            f"source {shown!r} does not exist ({redact_text(str(error))}); pass source= a "
+            "local path, https:// URL or s3:// URL of a JSON list of names"
+        ) from clean_cause(error)
+    except Exception as error:  # noqa: BLE001 - re-raised, redacted where it must be
+        cause, status = clean_cause(error), getattr(error, "status", None)
+        if cause is error and status not in (401, 403):
+            raise  # its text is clean, and its type is what callers know
+        detail = f"{type(error).__name__}: {redact_text(str(error))}"
+        fix = NETRC_FIX if status in (401, 403) else "check the URL and that it is reachable"
+        raise OSError(f"source {shown!r} could not be read ({detail}); {fix}") from cause
 
 
 def _read_capped(fs: Any, path: str, shown: str, max_bytes: int) -> bytes:

@@ -45,8 +45,9 @@ def project_env(project: Path) -> dict[str, str]:
             "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
             "PREFECT_HOME": str(project / ".prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-            # Prefect's default 20 s is too short for the embedded API's start on 2 busy cores.
-            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90",
+            # The first start on a fresh database (migrations) can take longer than the
+            # ephemeral API's default 20 s limit on a loaded machine.
+            "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
             "PYTHONPATH": str(REPO),
         }
     )

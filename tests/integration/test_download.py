@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import logging
 import threading
+import traceback
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -14,14 +17,16 @@ from ddpflow.charlm.data import fetch_corpus
 
 pytestmark = pytest.mark.integration
 BODY = DEFAULT_CORPUS_PATH.read_bytes()
+PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"  # distinctive, so a leak cannot be a coincidence
 
 
 class FlakyServer(ThreadingHTTPServer):
     """Serves /names.json, failing the first `failures` requests with 503."""
 
-    def __init__(self, failures: int):
+    def __init__(self, failures: int, auth: str | None = None):
         super().__init__(("127.0.0.1", 0), FlakyHandler)
         self.failures = failures
+        self.auth = auth  # "user:password" the server demands (basic auth), or None
         self.requests: list[tuple[str, str, int]] = []
 
 
@@ -29,7 +34,11 @@ class FlakyHandler(BaseHTTPRequestHandler):
     server: FlakyServer
 
     def _respond(self, with_body: bool) -> None:
-        if self.path != "/names.json":
+        auth = self.server.auth
+        wanted = f"Basic {base64.b64encode(auth.encode()).decode()}" if auth else None
+        if wanted and self.headers.get("Authorization") != wanted:
+            status = 401
+        elif self.path.split("?")[0] != "/names.json":
             status = 404
         elif self.server.failures > 0:
             self.server.failures -= 1
@@ -55,7 +64,7 @@ class FlakyHandler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server(request) -> Iterator[FlakyServer]:
-    srv = FlakyServer(failures=getattr(request, "param", 0))
+    srv = FlakyServer(**getattr(request, "param", {"failures": 0}))
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -63,7 +72,7 @@ def server(request) -> Iterator[FlakyServer]:
     srv.server_close()
 
 
-@pytest.mark.parametrize("server", [2], indirect=True)
+@pytest.mark.parametrize("server", [{"failures": 2}], indirect=True)
 def test_transient_http_errors_are_retried(server, tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}/names.json"
     copy = fetch_corpus(url, str(tmp_path))
@@ -83,3 +92,46 @@ def test_second_fetch_of_the_same_bytes_is_reused(server, tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}/names.json"
     first, second = fetch_corpus(url, str(tmp_path)), fetch_corpus(url, str(tmp_path))
     assert not first.reused and second.reused and first.uri == second.uri
+
+
+def _all_text(error: BaseException, caplog: pytest.LogCaptureFixture) -> str:
+    """The error as a traceback prints it (its chain included), plus the log records at INFO
+    and above (fsspec's own DEBUG records quote the URL it fetches, off by default)."""
+    return "".join(traceback.format_exception(error)) + caplog.text
+
+
+def test_credentials_of_a_missing_source_appear_in_no_message(server, tmp_path, caplog):
+    port = server.server_address[1]
+    url = f"http://alice:{PASSWORD}@127.0.0.1:{port}/missing.json?key={KEY}#frag"
+    with caplog.at_level(logging.INFO), pytest.raises(FileNotFoundError) as info:
+        fetch_corpus(url, str(tmp_path))
+    assert f"http://alice:***@127.0.0.1:{port}/missing.json?key=***" in str(info.value)
+    shown = _all_text(info.value, caplog)
+    assert PASSWORD not in shown and KEY not in shown, shown
+
+
+@pytest.mark.parametrize("server", [{"failures": 99}], indirect=True)
+def test_credentials_appear_in_no_retry_warning_nor_final_error(server, tmp_path, caplog):
+    url = f"http://alice:{PASSWORD}@127.0.0.1:{server.server_address[1]}/names.json?sig={KEY}"
+    with caplog.at_level(logging.INFO), pytest.raises(OSError) as info:
+        fetch_corpus(url, str(tmp_path))
+    assert [s for _, _, s in server.requests].count(503) >= 2, "transient errors were retried"
+    assert "retry 1/" in caplog.text and "alice:***@" in caplog.text
+    assert "alice:***@" in str(info.value) and "503" in str(info.value)
+    shown = _all_text(info.value, caplog)
+    assert PASSWORD not in shown and KEY not in shown, shown
+
+
+@pytest.mark.parametrize("server", [{"failures": 0, "auth": f"alice:{PASSWORD}"}], indirect=True)
+def test_http_credentials_come_from_netrc(server, tmp_path, monkeypatch):
+    """The documented place for HTTP credentials: a netrc file ($NETRC or ~/.netrc)."""
+    url = f"http://127.0.0.1:{server.server_address[1]}/names.json"
+    netrc = tmp_path / "netrc"
+    monkeypatch.setenv("NETRC", str(netrc))
+    netrc.write_text("machine 127.0.0.1 login alice password wrong\n")
+    with pytest.raises(OSError, match="netrc") as info:
+        fetch_corpus(url, str(tmp_path / "store"))
+    assert "401" in str(info.value) and url in str(info.value)
+    netrc.write_text(f"machine 127.0.0.1 login alice password {PASSWORD}\n")
+    copy = fetch_corpus(url, str(tmp_path / "store"))
+    assert storage.read_bytes(copy.uri) == BODY

@@ -1,0 +1,193 @@
+"""Credentials in a URI reach no output, Prefect record, MLflow store or artifact.
+
+The flow runs the way a user runs it (`python -m flows.train_charlm`); Prefect's records are
+read back through its client from the project's own database, and every file the run left
+behind (Prefect's and MLflow's SQLite files included) is searched byte by byte.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from ddpflow.preflight import PreflightError, check_tracking
+from tests.integration.conftest import project_env, run_flow
+
+pytestmark = pytest.mark.integration
+# Distinctive, so a match cannot be a coincidence.
+PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
+TINY = ["--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "4096"]
+
+READ_RECORDS = """
+import json
+from prefect.client.orchestration import get_client
+
+with get_client(sync_client=True) as client:
+    records = {
+        "flow_runs": [r.model_dump(mode="json") for r in client.read_flow_runs()],
+        "task_runs": [r.model_dump(mode="json") for r in client.read_task_runs()],
+        "logs": [r.model_dump(mode="json") for r in client.read_logs()],
+        "artifacts": [r.model_dump(mode="json") for r in client.read_artifacts()],
+    }
+print(json.dumps(records))
+"""
+
+# A flow of its own (no parameters) that hands the download task a source with credentials:
+# the task's error, its state and the flow's state must not repeat them.
+# Its records are read in the same process, saving a second ephemeral server start.
+DOWNLOAD_FLOW = (
+    """
+import os, traceback
+from prefect import flow
+from tasks.charlm import download_corpus
+
+@flow(name="download-only")
+def download_only():
+    download_corpus(os.environ["SECRET_SOURCE"], os.environ["DDPFLOW_ARTIFACT_ROOT"])
+
+try:
+    download_only()
+except Exception:
+    traceback.print_exc()
+"""
+    + READ_RECORDS
+)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def assert_clean(text: str, where: str) -> None:
+    assert PASSWORD not in text and KEY not in text, f"{where}: {text[-3000:]}"
+
+
+def prefect_records(project: Path) -> dict:
+    """Every flow run, task run, log and artifact in the project's Prefect database."""
+    result = subprocess.run(
+        [sys.executable, "-c", READ_RECORDS],
+        cwd=project,
+        env={**project_env(project)},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def assert_no_file_holds_a_secret(project: Path) -> None:
+    files = [p for p in project.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("prefect.db") for p in files), "Prefect's database was searched"
+    for path in files:
+        data = path.read_bytes()
+        assert PASSWORD.encode() not in data and KEY.encode() not in data, path
+
+
+def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path):
+    project = tmp_path / "project"
+    source = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/missing.json?key={KEY}#frag"
+    result = run_flow("train_charlm", ["--source", source, *TINY], project, timeout_s=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "embeds credentials" in result.stderr and "~/.netrc" in result.stderr, output[-3000:]
+    assert "http://alice:***@127.0.0.1:" in result.stderr
+    assert_clean(output, "flow output")
+
+    records = prefect_records(project)
+    [flow_run] = records["flow_runs"]
+    assert flow_run["state"]["type"] == "FAILED"
+    assert "embeds credentials" in flow_run["state"]["message"]
+    assert flow_run["parameters"]["source"].startswith("http://alice:***@127.0.0.1:")
+    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
+    assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
+
+
+@pytest.fixture
+def missing_file_server() -> Iterator[int]:
+    """Answers 404 to everything, on 127.0.0.1."""
+
+    class NotFound(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_task_failure_repeats_no_credential(tmp_path, missing_file_server):
+    project = tmp_path / "project"
+    project.mkdir()
+    port = missing_file_server
+    source = f"http://alice:{PASSWORD}@127.0.0.1:{port}/missing.json?key={KEY}#frag"
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(DOWNLOAD_FLOW)],
+        cwd=project,
+        env={**project_env(project), "SECRET_SOURCE": source},
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0 and "FileNotFoundError" in result.stderr, output[-3000:]
+    assert_clean(output, "flow output, records included")
+
+    records = json.loads(result.stdout.strip().splitlines()[-1])
+    [task_run] = records["task_runs"]
+    assert task_run["state"]["type"] == "FAILED"
+    assert f"http://alice:***@127.0.0.1:{port}/missing.json" in task_run["state"]["message"]
+    assert records["flow_runs"][0]["state"]["type"] == "FAILED"
+    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
+    assert_no_file_holds_a_secret(project)
+
+
+def test_tracking_preflight_sends_url_credentials_as_basic_auth():
+    """MLflow's client sends user:password@ as basic auth; the pre-flight probe must too."""
+    wanted = "Basic " + base64.b64encode(f"alice:{PASSWORD}".encode()).decode()
+
+    class Tracking(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            ok = self.headers.get("Authorization") == wanted
+            body = b"{}" if ok else b""
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Tracking)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        port = server.server_address[1]
+        check_tracking(f"http://alice:{PASSWORD}@127.0.0.1:{port}", timeout_s=5)
+        with pytest.raises(PreflightError, match="Unauthorized") as info:
+            check_tracking(f"http://alice:wrong-{KEY}@127.0.0.1:{port}", timeout_s=5)
+        assert "alice:***@" in str(info.value)
+        assert_clean(str(info.value), "pre-flight error")
+    finally:
+        server.shutdown()
+        server.server_close()

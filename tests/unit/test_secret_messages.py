@@ -1,0 +1,120 @@
+"""No message the project makes (errors, warnings, summaries, recorded flow parameters)
+repeats a credential embedded in a URI."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import traceback
+from typing import Any
+
+import pytest
+
+from ddpflow.charlm.corpus import CorpusError, parse_names
+from ddpflow.preflight import PreflightError, check_tracking
+from ddpflow.retry import retry_call
+from flows.params import CharLMParams, ImageParams, ParameterError, SweepParams, validate_params
+from flows.redacted_flow import RedactedParamsFlow
+from flows.summary import mlflow_ui_hint
+from tests.unit.test_flow_params import VALID as CHARLM
+from tests.unit.test_sweep_params import VALID as SWEEP
+from tests.unit.test_vision_params import VALID as IMAGES
+
+PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
+SECRET_URL = f"http://alice:{PASSWORD}@example.com/names.json?key={KEY}#frag"
+SHOWN = "http://alice:***@example.com/names.json?key=***#frag"
+
+
+def assert_clean(text: str) -> None:
+    assert PASSWORD not in text and KEY not in text, text
+
+
+def printed(error: BaseException) -> str:
+    """The error as a traceback shows it, every chained error included."""
+    return "".join(traceback.format_exception(error))
+
+
+@pytest.mark.parametrize("data", [b"{not json", b'{"a": 1}', b"\xff\xfe", b'["", "!!"]'])
+def test_corpus_errors_name_the_source_redacted(data: bytes) -> None:
+    with pytest.raises(CorpusError) as info:
+        parse_names(data, SECRET_URL)
+    assert SHOWN in str(info.value)
+    assert_clean(printed(info.value))
+
+
+def test_corpus_error_redacts_whatever_message_it_is_given() -> None:
+    assert_clean(str(CorpusError(f"cannot use {SECRET_URL}")))
+
+
+def test_retry_warnings_redact_the_target_and_the_error(caplog) -> None:
+    calls = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionError(f"reset while reading {SECRET_URL}")
+        return "ok"
+
+    with caplog.at_level(logging.WARNING):
+        assert retry_call(flaky, what=f"download {SECRET_URL}", sleep=lambda _: None) == "ok"
+    assert "retry 2/" in caplog.text and SHOWN in caplog.text
+    assert_clean(caplog.text)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_preflight_error_for_a_tracking_uri_with_user_and_password() -> None:
+    uri = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/?token={KEY}"
+    with pytest.raises(PreflightError, match="MLFLOW_TRACKING_URI") as info:
+        check_tracking(uri, timeout_s=5)
+    assert "alice:***@127.0.0.1" in str(info.value)
+    assert_clean(printed(info.value))
+
+
+def test_summary_hint_shows_the_tracking_uri_redacted() -> None:
+    hint = mlflow_ui_hint(f"https://alice:{PASSWORD}@mlflow.example.com", "abc123")
+    assert hint == "open https://alice:***@mlflow.example.com/#/runs/abc123"
+
+
+@pytest.mark.parametrize(
+    ("model", "values"),
+    [
+        (CharLMParams, {**CHARLM, "source": SECRET_URL}),
+        (CharLMParams, {**CHARLM, "source": f"simplecache::{SECRET_URL}"}),
+        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?X-Amz-Signature={KEY}"}),
+        (SweepParams, {**SWEEP, "source": f"  {SECRET_URL} "}),
+        (ImageParams, {**IMAGES, "source": f"https://{KEY}@example.com/images"}),
+        (ImageParams, {**IMAGES, "weights": f"https://h/w.pt?token={KEY}"}),
+    ],
+)
+def test_uri_parameters_with_credentials_are_refused_naming_the_fix(
+    model: type, values: dict[str, Any]
+) -> None:
+    with pytest.raises(ParameterError) as info:
+        validate_params(model, values)
+    message = str(info.value)
+    assert "embeds credentials" in message and "~/.netrc" in message
+    assert "AWS_ACCESS_KEY_ID" in message and "***" in message
+    assert_clean(printed(info.value))
+
+
+def test_uri_parameters_without_credentials_pass() -> None:
+    for source in ("s3://bucket/names.json", "https://example.com/names.json?page=2"):
+        assert validate_params(CharLMParams, {**CHARLM, "source": source}).source == source
+
+
+def test_recorded_flow_parameters_are_redacted() -> None:
+    """What Prefect stores for a flow run: serialize_parameters' output."""
+
+    def fn(source: str, grid: dict, epochs: int) -> None:
+        pass
+
+    flow = RedactedParamsFlow(fn=fn, name="redaction-check")
+    recorded = flow.serialize_parameters(
+        {"source": SECRET_URL, "grid": {"uris": [SECRET_URL]}, "epochs": 3}
+    )
+    assert recorded == {"source": SHOWN, "grid": {"uris": [SHOWN]}, "epochs": 3}
