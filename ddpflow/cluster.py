@@ -20,6 +20,7 @@ import dask
 import distributed
 from distributed.deploy import Cluster
 
+from ddpflow.cluster_tls import add_tls, refuse_per_run_tls
 from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 
 PRE_SPAWN_ENVIRON = "distributed.nanny.pre-spawn-environ"
@@ -73,7 +74,12 @@ KUBERNETES_SPEC_KEYS = (
     "worker_command",
     "env",
     "env_secret",
+    "tls_secret",
 )
+# Dashboards (and the HTTP server with /health, /metrics) of clusters on this machine: on
+# loopback only; a bare ":0" listens on every interface even with host="127.0.0.1". A free
+# port, so concurrent runs do not clash on 8787.
+LOOPBACK_DASHBOARD = "127.0.0.1:0"
 
 
 def require_extra(kind: str) -> ModuleType:
@@ -110,7 +116,7 @@ def local_cluster(
         "threads_per_worker": 1,
         "processes": True,
         "host": "127.0.0.1",
-        "dashboard_address": ":0",  # a free port: concurrent runs must not clash on 8787
+        "dashboard_address": LOOPBACK_DASHBOARD,
         "local_directory": local_directory,
         **cluster_kwargs,
     }
@@ -135,6 +141,7 @@ def build_cluster(
         return jobqueue_cluster(options, env)
     if kind == "kubernetes":
         spec_options = {k: options.pop(k) for k in KUBERNETES_SPEC_KEYS if k in options}
+        refuse_per_run_tls(spec_options)
         spec = kubernetes_spec(spec_options, env)
         operator = require_extra("kubernetes")
         return operator.KubeCluster(custom_cluster_spec=spec, **options)
@@ -160,7 +167,7 @@ def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
     kwargs = {
         "threads_per_worker": 1,
         "host": "127.0.0.1",
-        "dashboard_address": ":0",
+        "dashboard_address": LOOPBACK_DASHBOARD,
         "resources": {GPU_RESOURCE: 1},
         **options,
     }
@@ -190,7 +197,9 @@ def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Clus
     options["job_script_prologue"] = exports + list(options.get("job_script_prologue") or [])
     options.setdefault("processes", 1)
     scheduler_options = options.get("scheduler_options") or {}
-    options["scheduler_options"] = {"dashboard_address": ":0", **scheduler_options}
+    # The scheduler itself listens where the jobs reach it; its dashboard only on loopback
+    # (an SSH tunnel reaches it), unless scheduler_options say otherwise.
+    options["scheduler_options"] = {"dashboard_address": LOOPBACK_DASHBOARD, **scheduler_options}
     return getattr(module, JOBQUEUE_CLASSES[system])(**options)
 
 
@@ -200,7 +209,8 @@ def kubernetes_spec(options: Mapping[str, Any], env: Mapping[str, str] | None = 
     Keys: name, image, n_workers, resources (each worker container's Kubernetes resources,
     e.g. {"limits": {"nvidia.com/gpu": 1}}: the worker then declares GPU=<that count>),
     scheduler_resources, worker_command, env (plain variables), env_secret (a Secret whose
-    keys become variables, e.g. the AWS credentials; no secret value is ever in the spec).
+    keys become variables, e.g. the AWS credentials; no secret value is ever in the spec),
+    tls_secret (a Secret with ca.pem, cert.pem, key.pem: mutual TLS, see ddpflow.cluster_tls).
     """
     operator = require_extra("kubernetes")
     unknown = sorted(set(options) - set(KUBERNETES_SPEC_KEYS))
@@ -227,6 +237,8 @@ def kubernetes_spec(options: Mapping[str, Any], env: Mapping[str, str] | None = 
     containers[1]["args"] = ["dask", "scheduler", *containers[1]["args"][1:]]
     if options.get("env_secret"):  # only the workers touch the artifact store
         containers[0]["envFrom"] = [{"secretRef": {"name": options["env_secret"]}}]
+    if options.get("tls_secret"):
+        add_tls(spec, options["tls_secret"])
     return _without_nulls(spec)
 
 

@@ -102,15 +102,17 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
             tried,
             data=json.dumps({"max_results": 1}).encode(),
             method="POST",
-            headers={"Content-Type": "application/json", **headers},
+            headers={"Content-Type": "application/json", **(headers or _mlflow_auth_headers())},
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             json.loads(response.read() or b"{}")
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", None) or error
+        fix = f"Start the server or fix {TRACKING_URI_ENV}."
+        if getattr(error, "code", None) in (401, 403):
+            fix = "Set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a token)."
         raise PreflightError(
-            f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
-            f"Start the server or fix {TRACKING_URI_ENV}."
+            f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). {fix}"
         ) from clean_cause(error)
 
 
@@ -128,6 +130,18 @@ def _basic_auth(url: str) -> tuple[str, dict[str, str]]:
     token = base64.b64encode(f"{user}:{password}".encode()).decode()
     plain = urllib.parse.urlunsplit(parts._replace(netloc=host))
     return plain, {"Authorization": f"Basic {token}"}
+
+
+def _mlflow_auth_headers() -> dict[str, str]:
+    """The credentials MLflow's own client would send (basic auth, or a bearer token)."""
+    user = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    password = os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return {"Authorization": f"Basic {token}"}
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        return {"Authorization": f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}"}
+    return {}
 
 
 def check_workers_reach_api(

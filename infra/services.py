@@ -2,20 +2,19 @@
 
 Other tests import these helpers: `free_port`, `Service`, `start_*`, `create_bucket`, `stop`,
 `wait_http`. Every process binds 127.0.0.1 and runs in its own session (see `infra.procs`).
+Authentication is optional here (tests start bare servers); `infra.stack` always turns it on.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.cluster import WORKER_ENV
+from infra.dask_service import dask_workers_seen, start_dask
 from infra.procs import (
     Service,
     ServiceError,
@@ -28,8 +27,11 @@ from infra.procs import (
     wait_http,
     wait_until,
 )
+from infra.runtime import BIN, REPO, base_env
 
 __all__ = [
+    "BIN",
+    "REPO",
     "Service",
     "ServiceError",
     "create_bucket",
@@ -42,11 +44,9 @@ __all__ = [
     "start_prefect_worker",
     "stop",
     "wait_http",
+    "base_env",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-# Console scripts of the venv that runs us (moto_server, mlflow, prefect, dask).
-BIN = Path(sys.executable).parent
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -54,17 +54,6 @@ FAKE_AWS = {
 }
 # Generous on 2 shared cores: Prefect and MLflow spend most of their start-up importing.
 SERVER_TIMEOUT_S = 90.0
-
-
-def base_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The caller's environment without Prefect/MLflow/Dask settings that could point elsewhere."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_", "DDPFLOW_"))
-    }
-    env.update(extra or {})
-    return env
 
 
 def start_moto(port: int, log_dir: Path, host: str = "127.0.0.1") -> Service:
@@ -98,16 +87,23 @@ def start_mlflow(
     env: Mapping[str, str],
     log_dir: Path,
     host: str = "127.0.0.1",
+    auth_env: Mapping[str, str] | None = None,
 ) -> Service:
-    """MLflow tracking server proxying artifacts to artifacts_destination (env reaches S3)."""
+    """MLflow tracking server proxying artifacts to artifacts_destination (env reaches S3).
+
+    With `auth_env` (MLFLOW_AUTH_CONFIG_PATH, MLFLOW_FLASK_SERVER_SECRET_KEY) it runs MLflow's
+    basic-auth app: every request but /health needs a user and password.
+    """
     argv = [
         str(BIN / "mlflow"), "server", "--host", host, "--port", str(port),
         "--backend-store-uri", backend_store_uri,
         "--artifacts-destination", artifacts_destination,
         "--workers", "1",
+        *(["--app-name", "basic-auth"] if auth_env else []),
     ]  # fmt: skip
     # Job execution starts a huey consumer and extra workers: 24 s and 2.2 GB instead of 10 s.
-    full_env = base_env({**env, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+    quick = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    full_env = base_env({**env, **quick, **(auth_env or {})})
     service = spawn("mlflow", argv, full_env, log_dir, cwd=log_dir)
     service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/health", "port": port}
@@ -115,57 +111,28 @@ def start_mlflow(
 
 
 def start_prefect_server(
-    port: int, prefect_home: Path, log_dir: Path, host: str = "127.0.0.1"
+    port: int,
+    prefect_home: Path,
+    log_dir: Path,
+    host: str = "127.0.0.1",
+    auth_string: str | None = None,
 ) -> Service:
-    """Prefect API + UI on SQLite; the database lives in prefect_home."""
+    """Prefect API + UI on SQLite; the database lives in prefect_home.
+
+    With `auth_string` ("user:password") the API wants HTTP basic auth, except /health.
+    """
     prefect_home.mkdir(parents=True, exist_ok=True)
     argv = [str(BIN / "prefect"), "server", "start", "--host", host, "--port", str(port)]
-    env = base_env({"PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    settings = {"PREFECT_HOME": str(prefect_home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    if auth_string:  # in the environment, not argv: `ps` shows argv to every local user
+        settings["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
+    env = base_env(settings)
     service = spawn("prefect-server", argv, env, log_dir, cwd=prefect_home)
     # uvicorn shuts down cleanly on SIGINT (Ctrl-C), as a terminal would stop it.
     service.stop_signal = int(signal.SIGINT)
     service.url = f"http://{host}:{port}/api"
     service.extra = {"health_url": f"{service.url}/health", "port": port}
     return _healthy(service, SERVER_TIMEOUT_S)
-
-
-def start_dask(
-    scheduler_port: int,
-    num_workers: int,
-    env: Mapping[str, str],
-    log_dir: Path,
-    local_directory: Path | None = None,
-) -> tuple[Service, Service]:
-    """A Dask scheduler and num_workers worker processes (1 thread each, under nannies)."""
-    address = f"tcp://127.0.0.1:{scheduler_port}"
-    # ddpflow.cluster.WORKER_ENV: non-daemonic workers, no profiler, no MALLOC_TRIM_THRESHOLD_.
-    dask_env = base_env({**env, **WORKER_ENV})
-    argv = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(scheduler_port)]
-    # No bokeh here, so no dashboard; its HTTP server (health, metrics) still starts, on
-    # 0.0.0.0:8787 unless told otherwise.
-    loopback_http = ["--no-dashboard", "--dashboard-address", "127.0.0.1:0"]
-    scheduler = spawn("dask-scheduler", [*argv, *loopback_http], dask_env, log_dir)
-    scheduler.url = address
-    scheduler.extra = {"port": scheduler_port}
-    wait_until(lambda: tcp_ok("127.0.0.1", scheduler_port), 60, scheduler, "listening")
-    scratch = local_directory or log_dir.parent / "dask-scratch"
-    argv = [
-        str(BIN / "dask"), "worker", address, "--nworkers", str(num_workers), "--nthreads", "1",
-        "--host", "127.0.0.1", *loopback_http, "--local-directory", str(scratch),
-    ]  # fmt: skip
-    try:
-        workers = spawn("dask-workers", argv, dask_env, log_dir)
-    except BaseException:
-        stop(scheduler)
-        raise
-    workers.url = address
-    workers.extra = {"num_workers": num_workers}
-    try:
-        return scheduler, _healthy(workers, 90)
-    except BaseException:
-        stop(workers)
-        stop(scheduler)
-        raise
 
 
 def start_prefect_worker(
@@ -182,7 +149,7 @@ def start_prefect_worker(
     service.stop_signal = int(signal.SIGINT)  # `prefect worker start` ignores SIGTERM
     service.url = full_env["PREFECT_API_URL"]
     service.extra = {"pool": pool, "worker_name": name}
-    return _healthy(service, SERVER_TIMEOUT_S)
+    return _healthy(service, SERVER_TIMEOUT_S, full_env)
 
 
 def _ensure_pool(pool: str, env: Mapping[str, str]) -> None:
@@ -195,34 +162,32 @@ def _ensure_pool(pool: str, env: Mapping[str, str]) -> None:
         raise ServiceError(f"could not create work pool {pool!r}:\n{done.stdout}{done.stderr}")
 
 
-def _prefect_worker_seen(service: Service) -> bool:
+def _prefect_worker_seen(service: Service, env: Mapping[str, str]) -> bool:
     """True if the Prefect API lists this worker (by its unique name) in its pool."""
     import httpx  # Prefect's own HTTP client; a POST with a JSON body
 
     pool, name = service.extra["pool"], service.extra["worker_name"]
     url = f"{service.url}/work_pools/{pool}/workers/filter"
-    resp = httpx.post(url, json={}, timeout=5, trust_env=False)
+    auth = env.get("PREFECT_API_AUTH_STRING")
+    login = tuple(auth.split(":", 1)) if auth else None
+    resp = httpx.post(url, json={}, timeout=5, trust_env=False, auth=login)
     resp.raise_for_status()
     return any(w["name"] == name for w in resp.json())
 
 
-def _dask_workers_seen(service: Service) -> bool:
-    """True if the scheduler knows the expected number of workers."""
-    import distributed  # late: the other services do not need it
+def health(service: Service, env: Mapping[str, str] | None = None) -> str | None:
+    """None if the service is healthy, else why not (for `status` and the start-up waits).
 
-    with distributed.Client(service.url, timeout=10) as client:
-        return len(client.nthreads()) >= service.extra["num_workers"]
-
-
-def health(service: Service) -> str | None:
-    """None if the service is healthy, else why not (for `status` and the start-up waits)."""
+    env: the stack's client environment, with the credentials the checks log in with.
+    """
+    env = env or {}
     if not pid_alive(service.pid, service.create_time or None):
         return "process not running"
     try:
         if service.name == "prefect-worker":
-            ok = _prefect_worker_seen(service)
+            ok = _prefect_worker_seen(service, env)
         elif service.name == "dask-workers":
-            ok = _dask_workers_seen(service)
+            ok = dask_workers_seen(service, env)
         elif service.name == "dask-scheduler":
             ok = tcp_ok("127.0.0.1", service.extra["port"])
         else:
@@ -232,13 +197,13 @@ def health(service: Service) -> str | None:
     return None if ok else "not ready"
 
 
-def _healthy(service: Service, timeout_s: float) -> Service:
+def _healthy(service: Service, timeout_s: float, env: Mapping[str, str] | None = None) -> Service:
     """Wait for health; a service that never gets there is stopped before the error is raised."""
     try:
         if "health_url" in service.extra:
             wait_http(service.extra["health_url"], timeout_s, service)
         else:
-            wait_until(lambda: health(service) is None, timeout_s, service, "healthy")
+            wait_until(lambda: health(service, env) is None, timeout_s, service, "healthy")
     except BaseException:
         stop(service)
         raise

@@ -1,8 +1,9 @@
 """The local production-like stack: `python -m infra.stack up|down|status`.
 
 `up` starts moto (S3), an MLflow server, a Prefect server, a Dask scheduler with N workers and a
-Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Tests use
-`start_stack` / `stop_stack` directly.
+Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Every
+server but moto wants credentials, made at `up` (see `infra.auth`). Tests use `start_stack` /
+`stop_stack` directly.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import psutil
 
 from infra import services
+from infra.auth import StackSecrets
 from infra.procs import Service, ServiceError, members, pid_alive, port_is_free
 from infra.state import BUCKET, WORK_POOL, StackError, StackState, client_env, summary
 
@@ -64,10 +66,12 @@ def start_stack(stack_dir: Path, num_workers: int = 2, free_ports: bool = False)
     """Start every service in order; on any failure stop what started and raise."""
     began = time.monotonic()
     stack_dir = Path(stack_dir).resolve()
-    stack_dir.mkdir(parents=True, exist_ok=True)
+    stack_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700 when new: logs, databases
     _refuse_running(stack_dir)
     ports = choose_ports(free_ports)
     state = StackState(dir=stack_dir, ports=ports, env=client_env(ports))
+    secrets = StackSecrets.create(state.secrets_dir)
+    state.env.update(secrets.client_env())
     logs = state.log_dir
     s3 = {k: v for k, v in state.env.items() if k.startswith("AWS_")}
     # Everything that runs user code gets the full client env, so flow runs and ranks see it.
@@ -87,13 +91,24 @@ def start_stack(stack_dir: Path, num_workers: int = 2, free_ports: bool = False)
                 f"s3://{BUCKET}/mlflow",
                 s3,
                 logs,
+                auth_env=secrets.mlflow_server_env(),
             ),
         )
         _timed(
             state,
-            lambda: services.start_prefect_server(ports["prefect"], stack_dir / "prefect", logs),
+            lambda: services.start_prefect_server(
+                ports["prefect"],
+                stack_dir / "prefect",
+                logs,
+                auth_string=secrets.prefect_auth_string,
+            ),
         )
-        _timed(state, lambda: services.start_dask(ports["dask"], num_workers, runtime_env, logs))
+        _timed(
+            state,
+            lambda: services.start_dask(
+                ports["dask"], num_workers, runtime_env, logs, tls=secrets.tls
+            ),
+        )
         worker_env = {**runtime_env, "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS}
         _timed(state, lambda: services.start_prefect_worker(WORK_POOL, worker_env, logs))
     except BaseException:
@@ -146,7 +161,7 @@ def stack_status(stack_dir: Path) -> list[tuple[Service, str | None]]:
     state = StackState.load(stack_dir)
     if state is None:
         raise StackError(f"no stack recorded in {Path(stack_dir).resolve()} (state.json missing)")
-    return [(service, services.health(service)) for service in state.services]
+    return [(service, services.health(service, state.env)) for service in state.services]
 
 
 def main(argv: list[str] | None = None) -> int:

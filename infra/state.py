@@ -1,15 +1,18 @@
-"""What a running stack looks like on disk: `<dir>/state.json`, `<dir>/env.sh`, the summary."""
+"""What a running stack looks like on disk: `<dir>/state.json`, `<dir>/env.sh`, the summary.
+
+Both files hold the stack's credentials, so both are written 0600 (see `infra.private`).
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import uuid
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from infra.private import write_private
 from infra.procs import Service
 
 BUCKET = "ddpflow"
@@ -52,6 +55,10 @@ class StackState:
     def log_dir(self) -> Path:
         return self.dir / "logs"
 
+    @property
+    def secrets_dir(self) -> Path:
+        return self.dir / "secrets"
+
     def service(self, name: str) -> Service:
         for service in self.services:
             if service.name == name:
@@ -73,7 +80,7 @@ class StackState:
             "startup_s": self.startup_s,
             "total_startup_s": self.total_startup_s,
         }
-        write_private(self.state_path, json.dumps(data, indent=2) + "\n")
+        write_private(self.state_path, json.dumps(data, indent=2) + "\n")  # atomic too
 
     @classmethod
     def load(cls, stack_dir: Path) -> StackState | None:
@@ -95,26 +102,10 @@ class StackState:
         write_private(self.env_path, env_block(self.env) + "\n")
 
     def remove_files(self) -> None:
+        """Forget the stack: its record, its env file and its (now useless) credentials."""
         self.state_path.unlink(missing_ok=True)
         self.env_path.unlink(missing_ok=True)
-
-
-def write_private(path: Path, text: str) -> None:
-    """Replace path with text, readable by its owner only (0600) from the first byte.
-
-    Both files hold the stack's credentials. The file is created 0600 (a chmod after
-    writing would leave a moment when others can read it) under a unique temporary name,
-    then renamed into place, so a reader never sees half a file and an old file's looser
-    mode is not inherited.
-    """
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as file:
-            file.write(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(self.secrets_dir, ignore_errors=True)
 
 
 def client_env(ports: dict[str, int]) -> dict[str, str]:
@@ -123,7 +114,7 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
         "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
         "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
-        "DDPFLOW_DASK_ADDRESS": f"tcp://127.0.0.1:{ports['dask']}",
+        "DDPFLOW_DASK_ADDRESS": f"tls://127.0.0.1:{ports['dask']}",
         "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{ports['moto']}",
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -131,13 +122,20 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
     }
 
 
-def env_block(env: dict[str, str]) -> str:
+# Printed as a placeholder: a terminal's scroll-back or a CI log must not keep them.
+SECRET_KEYS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD")
+
+
+def env_block(env: dict[str, str], hide_secrets: bool = False) -> str:
     """`export` lines for a shell, with a note that the AWS keys are fake."""
     lines = [
         "# ddpflow local stack: source this file to point flows, tests and CLIs at it.",
         "# The AWS keys are moto's fake keys (moto accepts any); they work on no real AWS account.",
+        "# The Prefect, MLflow and Dask credentials are the stack's own, new at every `up`.",
     ]
-    lines += [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+    for key, value in env.items():
+        shown = "<in env.sh>" if hide_secrets and key in SECRET_KEYS else shlex.quote(value)
+        lines.append(f"export {key}={shown}")
     return "\n".join(lines)
 
 
@@ -157,9 +155,9 @@ def summary(state: StackState) -> str:
         f"  work pool        {WORK_POOL}",
         f"  logs             {state.log_dir}/<service>.log",
         "",
-        f"Export this environment (also written to {state.env_path}):",
+        f"The environment to use it (credentials not shown): source {state.env_path}",
         "",
-        env_block(state.env),
+        env_block(state.env, hide_secrets=True),
         "",
         f"Stop it with: python -m infra.stack down --dir {state.dir}",
     ]

@@ -124,12 +124,14 @@ def test_dask_cuda_worker_joins_a_scheduler_with_one_gpu_worker_per_device() -> 
             worker.wait(30)
 
 
-def _options(name: str) -> dict:
-    return json.loads((INFRA / "jobqueue" / name).read_text())
+def _options(name: str, tmp_path: Path) -> dict:
+    # The examples' throwaway TLS certificates go to tmp_path here, not to $HOME.
+    options = json.loads((INFRA / "jobqueue" / name).read_text())
+    return {**options, "shared_temp_directory": str(tmp_path)}
 
 
-def test_slurm_job_script_from_the_shipped_example() -> None:
-    script = job_script(_options("slurm-gpu.json"))
+def test_slurm_job_script_from_the_shipped_example(tmp_path: Path) -> None:
+    script = job_script(_options("slurm-gpu.json", tmp_path))
     lines = script.splitlines()
     for directive in (
         "#SBATCH -p gpu",
@@ -149,13 +151,13 @@ def test_slurm_job_script_from_the_shipped_example() -> None:
         "source $HOME/ddpflow/.venv/bin/activate",
     ]
     worker = lines[-1]
-    assert worker.startswith("python -m distributed.cli.dask_worker tcp://")
+    assert worker.startswith("python -m distributed.cli.dask_worker tls://")
     assert "--nthreads 8" in worker and "--resources GPU=1" in worker
     assert "--local-directory ${TMPDIR:-/tmp}" in worker
 
 
-def test_pbs_job_script_from_the_shipped_example() -> None:
-    lines = job_script(_options("pbs-gpu.json")).splitlines()
+def test_pbs_job_script_from_the_shipped_example(tmp_path: Path) -> None:
+    lines = job_script(_options("pbs-gpu.json", tmp_path)).splitlines()
     for directive in (
         "#PBS -q gpu",
         "#PBS -l select=1:ncpus=8:ngpus=1:mem=64GB",

@@ -39,6 +39,9 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
     )
     try:
         state = infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
+        # This process's MlflowClient logs in to the stack's MLflow like every other client.
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            patch.setenv(key, state.env[key])
         yield state.env
     finally:
         infra.stack.stop_stack(stack_dir)

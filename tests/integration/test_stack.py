@@ -1,10 +1,13 @@
-"""The local stack starts, reports healthy, and stops leaving no process behind."""
+"""The local stack starts, reports healthy, refuses clients without its credentials, and stops
+leaving no process behind."""
 
 from __future__ import annotations
 
 import json
 import os
 import socket
+import ssl
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,8 +17,10 @@ import distributed
 import httpx
 import psutil
 import pytest
+from distributed.security import Security
 
 from infra import services, stack
+from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, spawn, wait_http
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
 
@@ -88,7 +93,8 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     for name in ("moto", "mlflow", "prefect-server"):
         assert services.http_ok(stack_state.service(name).extra["health_url"])
 
-    with distributed.Client(env["DDPFLOW_DASK_ADDRESS"], timeout=30) as client:
+    security = security_from_env(env)
+    with distributed.Client(env["DDPFLOW_DASK_ADDRESS"], timeout=30, security=security) as client:
         assert len(client.nthreads()) == NUM_WORKERS
         # The workers run with the settings DDP ranks need.
         config = client.run(dask_settings)
@@ -97,7 +103,8 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
 
     worker = stack_state.service("prefect-worker")
     url = f"{env['PREFECT_API_URL']}/work_pools/{WORK_POOL}/workers/filter"
-    names = [w["name"] for w in httpx.post(url, json={}, trust_env=False).json()]
+    login = tuple(env["PREFECT_API_AUTH_STRING"].split(":", 1))
+    names = [w["name"] for w in httpx.post(url, json={}, trust_env=False, auth=login).json()]
     assert worker.extra["worker_name"] in names
 
     s3 = boto3.client(
@@ -114,6 +121,8 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
         if key.startswith("AWS_"):
             monkeypatch.delenv(key)
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.setenv(key, env[key])
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
@@ -127,6 +136,79 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     assert "export DDPFLOW_ARTIFACT_ROOT=s3://ddpflow/artifacts" in env_sh
     saved = json.loads(stack_state.state_path.read_text())
     assert [s["pgid"] for s in saved["services"]] == [s.pid for s in stack_state.services]
+
+
+def _dask_refuses(address: str, security: Security | None) -> str:
+    """Why a Dask client with these settings cannot talk to the scheduler (fails if it can)."""
+    try:
+        with distributed.Client(address, timeout=5, security=security) as client:
+            client.nthreads()
+    except (OSError, TimeoutError) as error:  # CommClosedError is an OSError
+        return f"{type(error).__name__}: {error}"
+    raise AssertionError(f"a client without the stack's certificate reached {address}")
+
+
+def _tls_handshake_refused(port: int, ca: Path) -> bool:
+    """A TLS client that trusts the stack's CA but shows no certificate of its own."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.check_hostname = False
+    try:
+        with (
+            socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+            context.wrap_socket(raw) as tls,
+        ):
+            tls.sendall(b"\0" * 8)
+            return tls.recv(1) == b""  # TLS 1.3: the refusal arrives with the first read
+    except (ssl.SSLError, OSError):
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_every_server_refuses_clients_without_credentials(
+    stack_state: StackState, tmp_path: Path
+) -> None:
+    env = stack_state.env
+    prefect = f"{env['PREFECT_API_URL']}/flows/filter"
+    assert httpx.post(prefect, json={}, trust_env=False).status_code == 401
+    wrong = ("ddpflow", "guess")
+    assert httpx.post(prefect, json={}, trust_env=False, auth=wrong).status_code == 401
+    login = tuple(env["PREFECT_API_AUTH_STRING"].split(":", 1))
+    assert httpx.post(prefect, json={}, trust_env=False, auth=login).status_code == 200
+
+    mlflow = f"{env['MLFLOW_TRACKING_URI']}/api/2.0/mlflow/experiments/search?max_results=1"
+    assert httpx.get(mlflow, trust_env=False).status_code == 401
+    assert httpx.get(mlflow, trust_env=False, auth=wrong).status_code == 401
+    user = (env["MLFLOW_TRACKING_USERNAME"], env["MLFLOW_TRACKING_PASSWORD"])
+    assert httpx.get(mlflow, trust_env=False, auth=user).status_code == 200
+
+    address = env["DDPFLOW_DASK_ADDRESS"]
+    assert address.startswith("tls://127.0.0.1:")
+    port = int(address.rsplit(":", 1)[1])
+    stranger = make_certs(tmp_path / "stranger")  # a valid certificate from another CA
+    ca = Path(env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"])
+    foreign = Security(
+        require_encryption=True,
+        tls_ca_file=str(ca),
+        tls_client_cert=str(stranger.cert),
+        tls_client_key=str(stranger.key),
+    )
+    assert _dask_refuses(address, foreign)
+    assert _dask_refuses(address.replace("tls://", "tcp://"), Security())
+    assert _tls_handshake_refused(port, ca)
+
+
+def test_credential_files_are_private(stack_state: StackState) -> None:
+    secrets = stack_state.secrets_dir
+    files = [stack_state.state_path, stack_state.env_path, *secrets.rglob("*")]
+    files = [f for f in files if f.is_file() and f.suffix != ".db"]
+    assert len(files) >= 6, files  # state, env, MLflow auth config, CA, certificate, key
+    modes = {str(f): oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
+    assert set(modes.values()) == {"0o600"}, modes
+    assert stat.S_IMODE(secrets.stat().st_mode) == 0o700  # also guards MLflow's user DB
+    printed = stack.summary(stack_state)
+    for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD"):
+        assert stack_state.env[key] not in printed, f"{key} printed by `up`"
+        assert stack_state.env[key] in stack_state.env_path.read_text()
 
 
 @pytest.mark.timeout(120)
@@ -143,6 +225,7 @@ def test_stop_leaves_no_process_or_port_behind(stack_state: StackState):
     assert [pid for pid, created in procs.items() if pid_alive(pid, created)] == []
     assert [port for port in ports if port_listened(port)] == []
     assert not stack_state.state_path.exists()
+    assert not stack_state.secrets_dir.exists(), "credentials of a stopped stack are removed"
     assert stack.stop_stack(stack_state.dir) is False
 
 

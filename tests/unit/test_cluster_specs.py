@@ -62,7 +62,7 @@ def test_gpu_workers_declare_one_gpu_and_reserve_one_device(compose: dict) -> No
 
 def test_compose_uses_the_contract_variables(compose: dict) -> None:
     env = compose["services"]["prefect-worker"]["environment"]
-    assert env["DDPFLOW_DASK_ADDRESS"] == "tcp://dask-scheduler:8786"
+    assert env["DDPFLOW_DASK_ADDRESS"] == "tls://dask-scheduler:8786"
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
     assert env["DDPFLOW_ARTIFACT_ROOT"].startswith("s3://")
@@ -142,3 +142,97 @@ def test_a_cpu_only_kubernetes_spec_declares_no_gpu() -> None:
     (worker,) = spec["spec"]["worker"]["spec"]["containers"]
     assert spec["spec"]["worker"]["replicas"] == 3
     assert "--resources" not in worker["args"]
+
+
+def _interpolate(text: str, env: dict[str, str]) -> str:
+    """Compose's `${VAR:-default}` interpolation (the only form compose.yaml uses)."""
+    return re.sub(r"\$\{(\w+):-([^}]*)\}", lambda m: env.get(m.group(1)) or m.group(2), str(text))
+
+
+def _published(compose: dict, env: dict[str, str]) -> dict[str, list[str]]:
+    """service -> the host addresses its published ports bind, as compose would render them."""
+    hosts = {}
+    for name, service in compose["services"].items():
+        ports = [_interpolate(p, env) for p in service.get("ports", [])]
+        hosts[name] = [p.rsplit(":", 2)[0] if p.count(":") == 2 else "ALL" for p in ports]
+    return hosts
+
+
+def test_compose_publishes_on_loopback_unless_told_otherwise(compose: dict) -> None:
+    default = _published(compose, {})
+    assert {"minio", "prefect-server", "mlflow", "dask-scheduler"} <= set(default)
+    assert {h for hosts in default.values() for h in hosts} == {"127.0.0.1"}
+    chosen = _published(compose, {"DDPFLOW_PUBLISH_ADDRESS": "10.0.0.5"})
+    assert {h for hosts in chosen.values() for h in hosts} == {"10.0.0.5"}
+
+
+def _env_of(service: dict) -> dict:
+    return service.get("environment") or {}
+
+
+def test_compose_servers_require_credentials(compose: dict) -> None:
+    services = compose["services"]
+    dask = [n for n in services if n.startswith("dask-")]
+    assert "--protocol tls" in services["dask-scheduler"]["command"]
+    for name in [*dask, "prefect-worker"]:
+        env = _env_of(services[name])
+        assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True", name
+        for key in ("CA_FILE", "CLIENT__CERT", "SCHEDULER__KEY", "WORKER__CERT", "WORKER__KEY"):
+            assert env[f"DASK_DISTRIBUTED__COMM__TLS__{key}"].startswith("/etc/dask-tls/"), name
+        assert "./tls:/etc/dask-tls:ro" in services[name]["volumes"], name
+    for name in dask[1:]:
+        assert services[name]["command"].startswith("dask worker tls://dask-scheduler:8786")
+    assert "tcp://" not in COMPOSE.read_text(), "no unencrypted Dask address left"
+    prefect = " ".join(services["prefect-server"]["command"])
+    assert 'PREFECT_SERVER_API_AUTH_STRING="$$PREFECT_API_AUTH_STRING"' in prefect
+    assert "prefect-server" in [n for n, s in services.items() if s.get("env_file")]
+    mlflow = " ".join(services["mlflow"]["command"])
+    assert "--app-name basic-auth" in mlflow
+    ini = (INFRA / "docker" / "mlflow-auth.ini").read_text()
+    assert "database_uri = sqlite:////data/" in ini and "admin_password" not in ini
+    example = (INFRA / "docker" / "ddpflow.env.example").read_text()
+    for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_FLASK_SERVER"):
+        assert f"\n{key}" in example, key
+
+
+def test_the_shipped_kubernetes_spec_carries_tls() -> None:
+    spec = kubernetes_spec(_spec_options())
+    name = spec["metadata"]["name"]
+    for part in ("worker", "scheduler"):
+        pod = spec["spec"][part]["spec"]
+        (container,) = pod["containers"]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION"] == "True", part
+        assert env["DASK_DISTRIBUTED__COMM__TLS__CA_FILE"] == "/etc/dask-tls/ca.pem", part
+        assert container["volumeMounts"][0]["mountPath"] == "/etc/dask-tls"
+        assert pod["volumes"][0]["secret"]["secretName"] == "ddpflow-dask-tls"
+    (worker,) = spec["spec"]["worker"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in worker["env"]}
+    assert env["DASK_SCHEDULER_ADDRESS"] == f"tls://{name}-scheduler:8786"
+    (scheduler,) = spec["spec"]["scheduler"]["spec"]["containers"]
+    assert scheduler["args"][-2:] == ["--protocol", "tls"]
+
+
+def test_a_per_run_kubecluster_with_tls_is_refused_up_front() -> None:
+    from ddpflow.cluster import build_cluster
+    from ddpflow.config import ConfigError
+
+    with pytest.raises(ConfigError, match="tls_secret.*DDPFLOW_DASK_ADDRESS=tls://"):
+        build_cluster("kubernetes", _spec_options())
+
+
+@pytest.mark.parametrize("example", ["slurm-gpu.json", "pbs-gpu.json"])
+def test_the_shipped_job_scripts_carry_tls(example: str, tmp_path: Path) -> None:
+    """Renders the script as `python -m infra.cluster_specs jobqueue` does; the scheduler that
+    rendering starts in this process binds 127.0.0.1, and the throwaway certificates go to
+    tmp_path instead of $HOME."""
+    from infra.cluster_specs import job_script
+
+    options = json.loads((INFRA / "jobqueue" / example).read_text())
+    assert options["security"] is True
+    options |= {"shared_temp_directory": str(tmp_path), "scheduler_options": {"host": "127.0.0.1"}}
+    worker = job_script(options).splitlines()[-1].split()
+    assert worker[3].startswith("tls://127.0.0.1:"), worker
+    assert worker[worker.index("--protocol") + 1] == "tls://"
+    for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+        assert worker[worker.index(flag) + 1].startswith(str(tmp_path)), flag

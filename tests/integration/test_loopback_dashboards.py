@@ -1,0 +1,28 @@
+"""Clusters that ddpflow starts on this machine listen on loopback only, dashboards included."""
+
+from __future__ import annotations
+
+import psutil
+import pytest
+
+from ddpflow.cluster import build_cluster
+
+pytestmark = pytest.mark.integration
+
+
+def listening_hosts() -> set[str]:
+    """The addresses that this process and its children listen on (TCP)."""
+    me = psutil.Process()
+    pids = {me.pid} | {child.pid for child in me.children(recursive=True)}
+    return {
+        conn.laddr.ip
+        for conn in psutil.net_connections(kind="tcp")
+        if conn.status == psutil.CONN_LISTEN and conn.pid in pids
+    }
+
+
+@pytest.mark.timeout(120)
+def test_local_kind_binds_nothing_beyond_loopback() -> None:
+    with build_cluster("local", {"n_workers": 1}) as cluster:
+        assert cluster.scheduler.http_server is not None, "the HTTP server (dashboard) runs"
+        assert listening_hosts() == {"127.0.0.1"}
