@@ -178,6 +178,17 @@ def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
         return dask_cuda.LocalCUDACluster(**kwargs)
 
 
+def nccl_interface_env(interface: str | None) -> dict[str, str]:
+    """NCCL's bootstrap on the interface the Dask worker listens on (`interface` option).
+
+    Gloo ranks bind their worker's address through the process group's options; NCCL only
+    reads NCCL_SOCKET_IFNAME, from the environment the worker starts with ('=' asks for
+    exactly that interface). One set in the options' own job_script_prologue comes later and
+    wins.
+    """
+    return {"NCCL_SOCKET_IFNAME": f"={interface}"} if interface else {}
+
+
 def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
     """A batch-queue cluster; each worker is a job. Nothing is submitted unless the options
     ask for workers (`n_workers`) or the cluster is scaled later.
@@ -193,7 +204,8 @@ def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Clus
             f"{CLUSTER_ENV}=jobqueue: system={system!r} is not one of "
             f"{', '.join(JOBQUEUE_CLASSES)} (set it in DDPFLOW_CLUSTER_OPTIONS)"
         )
-    exports = [f"export {k}={shlex.quote(str(v))}" for k, v in {**WORKER_ENV, **env}.items()]
+    worker_env = {**WORKER_ENV, **nccl_interface_env(options.get("interface")), **env}
+    exports = [f"export {k}={shlex.quote(str(v))}" for k, v in worker_env.items()]
     options["job_script_prologue"] = exports + list(options.get("job_script_prologue") or [])
     options.setdefault("processes", 1)
     scheduler_options = options.get("scheduler_options") or {}

@@ -9,8 +9,8 @@ gloo as a device in the group's options instead, through a backend registered un
 name that builds a stock ProcessGroupGloo with that device.
 
 NCCL's bootstrap does not use the host name (it skips loopback and docker interfaces by
-default); where a GPU host has several other interfaces, NCCL_SOCKET_IFNAME in the worker's
-own environment picks one.
+default) and reads its interface only from NCCL_SOCKET_IFNAME, which must be in the worker's
+environment when it starts (ddpflow.cluster.nccl_interface_env for the jobs it submits).
 """
 
 from __future__ import annotations

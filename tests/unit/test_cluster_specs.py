@@ -236,3 +236,23 @@ def test_the_shipped_job_scripts_carry_tls(example: str, tmp_path: Path) -> None
     assert worker[worker.index("--protocol") + 1] == "tls://"
     for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
         assert worker[worker.index(flag) + 1].startswith(str(tmp_path)), flag
+
+
+def test_a_job_script_puts_nccls_bootstrap_on_the_workers_interface(tmp_path: Path) -> None:
+    """Workers started on an interface (`interface` option) get NCCL_SOCKET_IFNAME for it,
+    before the worker starts: NCCL reads nothing else, and a running worker's environment is
+    never changed."""
+    from infra.cluster_specs import job_script
+
+    options = json.loads((INFRA / "jobqueue" / "slurm-gpu.json").read_text())
+    options |= {
+        "interface": "lo",
+        "shared_temp_directory": str(tmp_path),
+        "scheduler_options": {"host": "127.0.0.1"},
+    }
+    script = job_script(options)
+    assert "export NCCL_SOCKET_IFNAME==lo" in script
+    worker = script.splitlines()[-1].split()
+    assert worker[worker.index("--interface") + 1] == "lo"
+    without = {k: v for k, v in options.items() if k != "interface"}
+    assert "NCCL_SOCKET_IFNAME" not in job_script(without)
