@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import distributed
 import pytest
@@ -16,6 +15,7 @@ from ddpflow.charlm.training import CharLMTrainJob, train_rank
 from ddpflow.distributed import LaunchError, RankContext, launch
 from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.tracking import metric_history, start_run
+from tests.integration.rank_functions import stuck_once
 
 pytestmark = pytest.mark.integration
 
@@ -134,23 +134,11 @@ def test_two_groups_at_once_take_turns_instead_of_clashing(dask_client):
     assert starts[1] - starts[0] >= 2.5, "the groups ran one after the other"
 
 
-def _stuck_once(ctx: RankContext, marker_dir: str) -> float:
-    """First attempt: rank 0 fails at once while rank 1 is stuck (in IO, say) and holds its
-    worker's only thread far longer than a relaunch should wait. Later attempts return."""
-    marker = Path(marker_dir) / f"rank{ctx.rank}"
-    if not marker.exists():
-        marker.write_text(str(time.time()))
-        if ctx.rank == 0:
-            raise RuntimeError("rank 0 fails on purpose")
-        time.sleep(120)
-    return time.time()
-
-
 def test_a_relaunch_does_not_wait_for_a_stuck_rank_of_the_failed_group(dask_client, tmp_path):
     """Cancelling rank 1's task cannot stop its thread: its worker is ended and replaced, so
     the relaunch runs within seconds instead of after rank 1's 120 s."""
     results, restarts = launch_with_restarts(
-        dask_client, _stuck_once, str(tmp_path), world_size=2, timeout_s=60, max_restarts=1
+        dask_client, stuck_once, str(tmp_path), world_size=2, timeout_s=60, max_restarts=1
     )
     failed_at = float((tmp_path / "rank0").read_text())
     assert len(restarts) == 1 and "rank 0 fails on purpose" in restarts[0].cause

@@ -1,6 +1,6 @@
 """DDP across hosts: network namespaces on a bridge, one Dask worker per host.
 
-The cluster, its servers and what each host runs are described in multihost.py. Every flow
+The cluster, its servers and what each host runs are described in infra/netns_cluster.py. Every flow
 runs as a user's would, on the head node, with the servers' bridge addresses in its
 environment and nothing on the workers but the S3 keys.
 """
@@ -35,12 +35,10 @@ from tests.integration.conftest import REPO, project_env, run_flow
 from tests.integration.multihost import (
     BUCKET,
     MultiHost,
-    advertise_loopback_once,
     loopback_forwarder,
     multihost_cluster,
-    started_at,
-    stuck_once,
 )
+from tests.integration.rank_functions import advertise_loopback_once, started_at, stuck_once
 from tests.integration.s3_servers import s3_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]

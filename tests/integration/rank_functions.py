@@ -1,0 +1,41 @@
+"""Rank functions the integration tests launch: here, in a module of their own, so Dask
+workers in other processes (and on other hosts) import them by name."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from ddpflow.distributed import RankContext
+
+
+def stuck_once(ctx: RankContext, marker_dir: str) -> float:
+    """First attempt: rank 0 fails at once, rank 1 is stuck and keeps its worker's thread.
+
+    It lives here, not in the test module, so the workers can import it by name."""
+    marker = Path(marker_dir) / f"rank{ctx.rank}"
+    if not marker.exists():
+        marker.write_text(str(time.time()))
+        if ctx.rank == 0:
+            raise RuntimeError("rank 0 fails on purpose")
+        time.sleep(120)
+    return time.time()
+
+
+def advertise_loopback_once() -> None:
+    """Run on the workers (fault injection): the next rank on each binds gloo to 127.0.0.1,
+    as stock gloo does where /etc/hosts maps the host name to loopback, so the rendezvous
+    across hosts fails as it did before ranks bound their worker's address."""
+    from ddpflow.distributed import context
+
+    original = context.bound_gloo_options
+
+    def loopback(host: str, timeout):  # noqa: ANN001, ANN202
+        context.bound_gloo_options = original
+        return original("127.0.0.1", timeout)
+
+    context.bound_gloo_options = loopback
+
+
+def started_at(ctx: RankContext) -> float:
+    return time.time()
