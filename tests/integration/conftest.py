@@ -38,7 +38,11 @@ def slurm(tmp_path_factory) -> Iterator[Slurm]:
 
 def project_env(project: Path) -> dict[str, str]:
     """An isolated project: its own artifact folder, MLflow SQLite file and Prefect home."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
+    # DASK_* too: a nanny in this test process (a LocalCluster fixture) copies its
+    # pre-spawn variables into this process's environment, e.g. quiet worker logging.
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_", "DASK_"))
+    }
     env.update(
         {
             "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
