@@ -211,8 +211,9 @@ def assert_stopped_in_preflight(multi: MultiHost, project: Path, output: str, co
     assert code == 1, output[-3000:]
     assert "PreflightError" in output or "pre-flight" in output.lower(), output[-3000:]
     assert not (project / "artifacts").exists(), "nothing written before the check"
-    experiment = MlflowClient(multi.mlflow_url).get_experiment_by_name("ddpflow-charlm")
-    runs = MlflowClient(multi.mlflow_url).search_runs([experiment.experiment_id])
+    client = MlflowClient(multi.mlflow_url)
+    experiment = client.get_experiment_by_name("ddpflow-charlm")  # None: nothing ran yet
+    runs = client.search_runs([experiment.experiment_id]) if experiment else []
     assert all(r.info.run_id not in output for r in runs), "no MLflow run for this flow"
 
 
