@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from ddpflow import storage
 from ddpflow.config import ARTIFACT_ROOT_ENV, TRACKING_URI_ENV
+from ddpflow.folder_probe import probe_folder
 from ddpflow.http_probe import API_PROBE_TIMEOUT_S, probe_http, probe_http_off_loop
 from ddpflow.redact import clean_cause, redact_text
 
@@ -193,13 +194,12 @@ def check_workers_reach(
 
 
 def _check_local_root(root: Path) -> None:
-    existing = root
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+    # The same check the workers of a remote cluster run on their side (flows.preflight).
+    reason = probe_folder(str(root))
+    if reason:
         raise PreflightError(
-            f"artifact store {root}: {existing} is not a writable folder, so the root cannot "
-            f"be created or written. Make it writable or set {ARTIFACT_ROOT_ENV}."
+            f"artifact store {root}: {reason}, so the root cannot be created or written. "
+            f"Make it writable or set {ARTIFACT_ROOT_ENV}."
         )
 
 
