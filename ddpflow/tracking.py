@@ -28,12 +28,17 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
+from ddpflow.bounded import call_bounded
+from ddpflow.redact import redact_text, redact_url
+
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
 # the GenAI view that MLflow 3.17 picks for experiments without a kind.
 log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
+# MLflow's client retries a dead or failing server for about 5 minutes.
+END_RUN_TIMEOUT_S = 15.0
 PARENT_RUN_TAG = "mlflow.parentRunId"
 
 
@@ -253,8 +258,22 @@ def register_pt2_model(
     return str(info.registered_model_version)
 
 
-def end_run(run: RunRef, failed: bool = False) -> None:
-    MlflowClient(run.tracking_uri).set_terminated(run.run_id, "FAILED" if failed else "FINISHED")
+def end_run(run: RunRef, failed: bool = False, timeout_s: float = END_RUN_TIMEOUT_S) -> None:
+    """Mark the run FINISHED or FAILED, waiting at most `timeout_s` for MLflow.
+
+    A run is marked FAILED on the way out of an error the caller re-raises, so that never
+    raises: with MLflow down it logs a warning and the original error comes through. A run
+    that finished but cannot be marked so raises (TimeoutError or MLflow's error).
+    """
+    status = "FAILED" if failed else "FINISHED"
+    client = MlflowClient(run.tracking_uri)
+    what = f"marking MLflow run {run.run_id} {status} at {redact_url(run.tracking_uri)}"
+    try:
+        call_bounded(lambda: client.set_terminated(run.run_id, status), timeout_s, what)
+    except Exception as error:
+        if not failed:
+            raise
+        log.warning("%s failed, the run stays RUNNING: %s", what, redact_text(str(error)))
 
 
 def metric_history(run: RunRef, key: str) -> list[tuple[int, float]]:
