@@ -118,6 +118,7 @@ def fit(
             save_checkpoint(stats.epoch)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
         _barrier(ctx)
+        ctx.heartbeat()  # validation and the checkpoint write are done
         history.append(stats)
     return history
 
@@ -229,6 +230,7 @@ def _train_epoch(
         logits, loss = model(x, y)
         loss.backward()
         optimizer.step()
+        ctx.heartbeat()  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)
         extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
@@ -256,6 +258,7 @@ def evaluate_loss(
         x, y = to_batch(data[chunk])
         _, loss = model(x.to(ctx.device), y.to(ctx.device))
         totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
+        ctx.heartbeat()  # a long validation is progress too
     model.train(was_training)
     _all_reduce_sum(totals, ctx)
     return float(totals[0] / totals[1]) if totals[1] else float("nan")

@@ -15,6 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ddpflow.distributed import watchdog
 from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
 
 
@@ -42,11 +43,19 @@ class RankContext:
     backend: str
     # The Dask event topic the launcher follows for this group (None: nobody listens).
     progress_topic: str | None = None
+    launch_id: str | None = None  # None: no launcher watches this rank's progress
 
     @property
     def is_main(self) -> bool:
         """Rank 0 owns IO: MLflow logging and checkpoint writes."""
         return self.rank == 0
+
+    def heartbeat(self) -> None:
+        """Note progress: call after each training step, and inside any long phase between
+        steps (validation). A rank without one for longer than the group's timeout fails the
+        group. A dict write on this worker, no network: cheap enough for every step."""
+        if self.launch_id is not None:
+            watchdog.heartbeat(self.launch_id, self.rank)
 
     def report(self, message: str) -> None:
         """A progress line for whoever launched the group (the flow's log), sent as a Dask
@@ -88,7 +97,7 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
         # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
         device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
         topic = progress_topic(spec.launch_id)
-        yield RankContext(spec.rank, spec.world_size, device, spec.backend, topic)
+        yield RankContext(spec.rank, spec.world_size, device, spec.backend, topic, spec.launch_id)
     finally:
         dist.destroy_process_group()
 

@@ -11,12 +11,17 @@ healed before the next attempt:
 
 The rank function resumes from the latest complete checkpoint by itself. Each attempt plans
 its ranks anew on the workers that exist now.
+
+A failure that repeats the previous attempt's before any rank made a training step (a model
+that cannot be built, out of memory at the first step) is deterministic: it is raised at
+once instead of spending the remaining restarts on it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -50,6 +55,16 @@ class RestartsExhausted(LaunchError):
     """The group failed once more than `max_restarts` allows."""
 
 
+class RepeatedFailure(RestartsExhausted):
+    """The group failed twice in a row the same way before training started."""
+
+
+# Worker addresses, ports and process ids change from one attempt to the next; the failure
+# does not. Bracketed hosts are how gloo writes a peer ([127.0.0.1]:4321).
+_ADDRESS = re.compile(r"([a-z][a-z0-9+.-]*://)?(\[[^\]]*\]|[\w.-]+):\d+")
+_NUMBER = re.compile(r"\d+(\.\d+)?")
+
+
 def launch_with_restarts(
     client: distributed.Client,
     fn: Callable[..., R],
@@ -73,6 +88,7 @@ def launch_with_restarts(
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
     restarts: list[Restart] = []
     size = world_size
+    before_training: set[str] = set()  # the last attempt's causes, if it failed before a step
     while True:
         try:
             results = launch(
@@ -89,6 +105,8 @@ def launch_with_restarts(
             failed = [
                 f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
             ]
+            _raise_if_repeated(error, before_training, len(restarts) + 1)
+            before_training = set() if error.training_started else failure_causes(error)
             if len(restarts) >= max_restarts:
                 raise RestartsExhausted(
                     f"{error} (no restart left: max_restarts={max_restarts}, {len(restarts)} used)",
@@ -104,6 +122,28 @@ def launch_with_restarts(
             restarts.append(restart)
             if on_restart is not None:
                 on_restart(restart)
+
+
+def failure_causes(error: LaunchError) -> set[str]:
+    """Each failed rank's cause, with what differs between attempts of one failure
+    (addresses, ports, process ids, sizes) masked."""
+    return {_masked(f.cause) for f in error.failures}
+
+
+def _masked(cause: str) -> str:
+    return _NUMBER.sub("N", _ADDRESS.sub("ADDRESS", cause))
+
+
+def _raise_if_repeated(error: LaunchError, previous: set[str], attempt: int) -> None:
+    if error.training_started:
+        return
+    repeated = [f.cause for f in error.failures if _masked(f.cause) in previous]
+    if repeated:
+        raise RepeatedFailure(
+            f"{error} (attempts {attempt - 1} and {attempt} failed the same way before "
+            f"training started, so restarting will not help; fix the cause: {repeated[0]})",
+            error.failures,
+        ) from error
 
 
 def heal(client: distributed.Client, timeout_s: float) -> list[str]:

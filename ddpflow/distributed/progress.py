@@ -14,6 +14,7 @@ from typing import Any
 import distributed
 
 log = logging.getLogger(__name__)
+EVENTS_S = 30.0  # the scheduler answers in milliseconds unless it is gone
 
 
 @contextlib.contextmanager
@@ -44,7 +45,9 @@ def follow_progress(
     finally:
         client.unsubscribe_topic(topic)
         try:
-            for event in client.get_events(topic):
+            # client.get_events() would wait for the scheduler without a bound.
+            events = client.sync(client.scheduler.events, topic=topic, callback_timeout=EVENTS_S)
+            for event in events:
                 deliver(event)
         except Exception as error:  # noqa: BLE001 - progress must never fail the launch
             log.debug("could not fetch the last progress events of %s: %s", topic, error)

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 
 import distributed
 
+from ddpflow.distributed.supervision import cluster_workers
+
 log = logging.getLogger(__name__)
 GRACE_S = 3.0  # a rank that raised returns within milliseconds; a stuck one never does
 ASK_TIMEOUT_S = 5.0  # a worker cut off from the network does not answer at all
@@ -48,7 +50,10 @@ def release_stuck_ranks(
     if stuck:
         log.warning("ending workers %s: a rank of the failed group still runs there", stuck)
         num_before = len(_workers(client))
-        client.run(_exit_soon, workers=stuck, on_error="return")
+        try:
+            client.run(_exit_soon, workers=stuck, on_error="return", callback_timeout=ASK_TIMEOUT_S)
+        except TimeoutError:  # a worker that stopped answering: the healing step restarts it
+            log.warning("workers %s did not answer within %gs", stuck, ASK_TIMEOUT_S)
         _wait_replaced(client, stuck, num_before)
     return stuck
 
@@ -64,8 +69,6 @@ def _wait_replaced(client: distributed.Client, ended: list[str], num_before: int
 
 
 def _workers(client: distributed.Client) -> set[str]:
-    from ddpflow.distributed.launcher import cluster_workers  # the launcher imports this module
-
     return set(cluster_workers(client))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -13,12 +15,22 @@ from ddpflow.vision.data import ImageSplit
 
 
 @torch.no_grad()
-def predict(model: nn.Module, images: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Logits for `images`, in eval mode, batch by batch (CPU result)."""
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int,
+    on_batch: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Logits for `images`, in eval mode, batch by batch (CPU result); `on_batch` is called
+    after each batch (a rank's heartbeat: a long validation is progress too)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    logits = [model(chunk.to(device))[0].cpu() for chunk in images.split(batch_size)]
+    logits = []
+    for chunk in images.split(batch_size):
+        logits.append(model(chunk.to(device))[0].cpu())
+        if on_batch is not None:
+            on_batch()
     model.train(was_training)
     return torch.cat(logits) if logits else torch.empty(0)
 
@@ -28,7 +40,7 @@ def evaluate_split(
 ) -> dict[str, float]:
     """val_loss and val_accuracy over the whole split, each rank scoring its own shard."""
     index = shard(len(split.labels), ctx.rank, ctx.world_size)
-    logits = predict(model, split.images[index], batch_size)
+    logits = predict(model, split.images[index], batch_size, on_batch=ctx.heartbeat)
     labels = split.labels[index]
     totals = torch.tensor(
         [

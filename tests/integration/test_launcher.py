@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from pathlib import Path
 
 import distributed
 import pytest
@@ -13,7 +16,7 @@ from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob, train_rank
 from ddpflow.distributed import LaunchError, RankContext, launch
-from ddpflow.distributed.elastic import launch_with_restarts
+from ddpflow.distributed.elastic import RepeatedFailure, launch_with_restarts
 from ddpflow.tracking import metric_history, start_run
 from tests.integration.rank_functions import stuck_once
 
@@ -143,4 +146,111 @@ def test_a_relaunch_does_not_wait_for_a_stuck_rank_of_the_failed_group(dask_clie
     failed_at = float((tmp_path / "rank0").read_text())
     assert len(restarts) == 1 and "rank 0 fails on purpose" in restarts[0].cause
     assert max(results) - failed_at < 10, f"relaunch ran {max(results) - failed_at:.1f}s later"
+    _wait_idle(dask_client)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_does_not_answer_fails_the_launch_naming_it(dask_client, monkeypatch):
+    """A stopped worker (SIGSTOP: hung, as far as anyone can tell) never answers the
+    launcher's questions. The bound is shortened from 60 s to keep the test quick."""
+    monkeypatch.setattr("ddpflow.distributed.launcher.START_ASK_TIMEOUT_S", 3.0)
+    pids = dask_client.run(os.getpid)
+    hung = sorted(pids)[1]
+    os.kill(pids[hung], signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(LaunchError) as info:
+            launch(dask_client, _all_reduce_rank, world_size=2, timeout_s=30)
+        elapsed = time.monotonic() - started
+    finally:
+        os.kill(pids[hung], signal.SIGCONT)
+    assert [f.worker_address for f in info.value.failures] == [hung]
+    assert "did not answer cuda_available() within 3s" in str(info.value)
+    assert elapsed < 15, f"took {elapsed:.1f}s"
+    _wait_idle(dask_client)
+
+
+def _steps_then_hangs(ctx: RankContext) -> int:
+    """Three training steps, then stuck (in IO, say) far longer than the timeout."""
+    for _ in range(3):
+        time.sleep(0.1)
+        ctx.heartbeat()
+    time.sleep(120)
+    return ctx.rank
+
+
+def test_a_lone_rank_that_stops_stepping_fails_its_group(dask_client):
+    """A group of one has no peer whose collective would time out: the launcher's step
+    watchdog fails it, and the stuck worker is freed for the next group."""
+    workers = sorted(dask_client.scheduler_info()["workers"])
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch(dask_client, _steps_then_hangs, world_size=1, timeout_s=3)
+    elapsed = time.monotonic() - started
+    message = str(info.value)
+    assert "rank 0" in message and "no training step for more than 3 s" in message
+    assert info.value.failures[0].worker_address in workers
+    assert info.value.training_started
+    assert elapsed < 60, f"took {elapsed:.1f}s, the stuck rank would take 120 s"
+    _wait_idle(dask_client)
+
+
+def _slow_but_stepping(ctx: RankContext, steps: int, step_s: float) -> int:
+    for _ in range(steps):
+        time.sleep(step_s)
+        ctx.heartbeat()
+    return ctx.rank
+
+
+def test_a_slow_rank_that_keeps_stepping_is_left_alone(dask_client):
+    """Steps 1.5 s apart for 6 s, twice the 3 s timeout in all: progress, not a stall."""
+    assert launch(dask_client, _slow_but_stepping, 4, 1.5, world_size=1, timeout_s=3) == [0]
+
+
+def _config_error_at_start(ctx: RankContext, marker_dir: str) -> None:
+    """Every attempt fails the same way before its first step, as a model config that
+    cannot be built does."""
+    if ctx.rank == 0:
+        (Path(marker_dir) / f"attempt-{time.time_ns()}").touch()
+    raise ValueError("hidden_size=0: cannot build the model")
+
+
+def test_a_failure_repeating_before_the_first_step_is_not_retried(dask_client, tmp_path):
+    with pytest.raises(RepeatedFailure) as info:
+        launch_with_restarts(
+            dask_client,
+            _config_error_at_start,
+            str(tmp_path),
+            world_size=2,
+            timeout_s=30,
+            max_restarts=3,
+        )
+    assert len(list(tmp_path.iterdir())) == 2, "tried twice, not max_restarts + 1 times"
+    message = str(info.value)
+    assert "before training started" in message and "restarting will not help" in message
+    assert "ValueError: hidden_size=0: cannot build the model" in message
+    _wait_idle(dask_client)
+
+
+def _crashes_mid_run_twice(ctx: RankContext, marker_dir: str) -> int:
+    """Steps, then the same crash in the first two attempts; the third completes."""
+    for _ in range(3):
+        ctx.heartbeat()
+    crashes = len(list(Path(marker_dir).iterdir()))
+    dist.barrier()  # both ranks counted the crashes before rank 0 adds one
+    if crashes < 2:
+        if ctx.rank == 0:
+            (Path(marker_dir) / f"crash-{crashes}").touch()
+        dist.barrier()
+        raise RuntimeError("lost the connection to the data store")
+    return ctx.rank
+
+
+def test_a_crash_after_training_started_is_still_restarted(dask_client, tmp_path):
+    results, restarts = launch_with_restarts(
+        dask_client, _crashes_mid_run_twice, str(tmp_path), world_size=2, timeout_s=30
+    )
+    assert results == [0, 1]
+    assert len(restarts) == 2, "the same mid-run crash twice is retried both times"
+    assert all("lost the connection" in r.cause for r in restarts)
     _wait_idle(dask_client)

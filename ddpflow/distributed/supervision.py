@@ -1,0 +1,124 @@
+"""Watching a running rank group: it started, it progresses, its workers are there.
+
+Each rank signals a Dask Event when it starts, so a rank that never starts is named
+precisely instead of surfacing as an opaque "1/2 clients joined" store timeout on another
+rank. While the group runs, a failed rank, a worker that left and a rank without step
+progress each fail the whole group at once.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import distributed
+
+from ddpflow.distributed.failures import LaunchError, RankFailure, describe
+from ddpflow.distributed.planning import RankAssignment
+from ddpflow.distributed.watchdog import StepWatch
+
+POLL_S = 0.25
+WORKER_CHECK_S = 1.0  # how often a running group checks its workers and ranks' progress
+SCHEDULER_TIMEOUT_S = 30.0  # the scheduler answers in milliseconds unless it is gone
+
+
+def cluster_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:
+    """Every worker the scheduler has now: address -> info (nthreads, resources, name).
+
+    Asks the scheduler each time. `Client.scheduler_info()` returns a cache instead, which
+    the client's own periodic refresh replaces every 2 s with a copy that lists no workers,
+    so a read that races the refresh sees an empty cluster.
+    """
+    identity = client.sync(
+        client.scheduler.identity, n_workers=-1, callback_timeout=SCHEDULER_TIMEOUT_S
+    )
+    return dict(identity["workers"])
+
+
+def started_event(launch_id: str, rank: int) -> str:
+    return f"ddpflow-{launch_id}-rank{rank}-started"
+
+
+def wait_for_start(
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    launch_id: str,
+    timeout_s: float,
+) -> None:
+    events = [distributed.Event(started_event(launch_id, a.rank), client=client) for a in plan]
+    pending = set(range(len(plan)))
+    deadline = time.monotonic() + timeout_s
+    while pending and time.monotonic() < deadline:
+        _raise_on_failures(plan, futures, "failed while starting")
+        pending = {r for r in pending if not events[r].is_set() and not futures[r].done()}
+        if pending:
+            time.sleep(POLL_S)
+    if pending:
+        failures = [
+            RankFailure(
+                r,
+                plan[r].worker_address,
+                f"did not start within {timeout_s:g}s (task state: {futures[r].status}; "
+                "the worker is busy, gone or overloaded)",
+            )
+            for r in sorted(pending)
+        ]
+        raise LaunchError(describe("could not start", failures), failures)
+
+
+def wait_all_or_first_failure(
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    watch: StepWatch,
+) -> None:
+    # Polls the futures' local state: distributed.wait/as_completed would need a default
+    # client, and Prefect's client deliberately is not one.
+    next_check = time.monotonic() + WORKER_CHECK_S
+    while not all(f.done() for f in futures):
+        _raise_on_failures(plan, futures, "failed")
+        if time.monotonic() >= next_check:
+            _raise_on_lost_workers(client, plan, futures)
+            running = [a for a, f in zip(plan, futures, strict=True) if not f.done()]
+            if stalled := watch.stalled(running):
+                _raise_on_failures(plan, futures, "failed")  # a rank's own error comes first
+                raise LaunchError(describe("stalled", stalled), stalled)
+            next_check = time.monotonic() + WORKER_CHECK_S
+        time.sleep(POLL_S)
+    _raise_on_failures(plan, futures, "failed")
+
+
+def _raise_on_lost_workers(
+    client: distributed.Client, plan: list[RankAssignment], futures: list[distributed.Future]
+) -> None:
+    """A rank whose worker left the cluster never finishes: Dask keeps its pinned task
+    waiting for that worker. With peers, their collectives fail; a group of one, or one
+    whose peers are done, would wait forever without this check."""
+    current = cluster_workers(client)
+    failures = [
+        RankFailure(a.rank, a.worker_address, "its worker left the cluster (died or restarted)")
+        for a, f in zip(plan, futures, strict=True)
+        if not f.done() and a.worker_address not in current
+    ]
+    if failures:
+        raise LaunchError(describe("failed", failures), failures)
+
+
+def _raise_on_failures(
+    plan: list[RankAssignment], futures: list[distributed.Future], verb: str
+) -> None:
+    failures = [
+        RankFailure(a.rank, a.worker_address, _cause(f))
+        for a, f in zip(plan, futures, strict=True)
+        if f.status in ("error", "cancelled", "lost")
+    ]
+    if failures:
+        raise LaunchError(describe(verb, failures), failures)
+
+
+def _cause(future: distributed.Future) -> str:
+    if future.status != "error":
+        return f"task {future.status}"
+    error = future.exception()
+    return f"{type(error).__name__}: {error}"

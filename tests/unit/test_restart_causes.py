@@ -1,0 +1,55 @@
+"""What the restart logic compares between attempts, and what a rank's heartbeat records."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.elastic import failure_causes
+from ddpflow.distributed.failures import LaunchError, RankFailure
+from ddpflow.distributed.watchdog import rank_progress, rank_started
+
+
+def _error(*causes: str) -> LaunchError:
+    failures = [RankFailure(r, f"tcp://127.0.0.1:{40000 + r}", c) for r, c in enumerate(causes)]
+    return LaunchError("DDP group failed", failures)
+
+
+def test_one_failure_reads_the_same_in_every_attempt():
+    first = _error(
+        "ValueError: hidden_size=0 cannot build an LSTM",
+        "RuntimeError: Connection closed by peer [127.0.0.1]:41234 (process 812)",
+    )
+    second = _error(
+        "ValueError: hidden_size=0 cannot build an LSTM",
+        "RuntimeError: Connection closed by peer [127.0.0.1]:50007 (process 977)",
+    )
+    assert failure_causes(first) == failure_causes(second)
+    elsewhere = _error("its worker tcp://10.0.0.5:39001 did not answer cuda_available()")
+    again = _error("its worker tcp://10.0.0.6:42111 did not answer cuda_available()")
+    assert failure_causes(elsewhere) == failure_causes(again)
+
+
+def test_different_failures_stay_different():
+    assert not failure_causes(_error("ValueError: bad config")) & failure_causes(
+        _error("OSError: corpus not found")
+    )
+
+
+def test_a_heartbeat_is_recorded_on_the_worker_without_network():
+    rank_started("launch-a", 0)
+    time.sleep(0.05)
+    ((age, beats),) = rank_progress("launch-a").values()
+    assert beats == 0 and age >= 0.05
+    ctx = RankContext(0, 1, torch.device("cpu"), "gloo", None, "launch-a")
+    ctx.heartbeat()
+    ctx.heartbeat()
+    age, beats = rank_progress("launch-a")[0]
+    assert beats == 2 and age < 0.05
+    assert rank_progress("another-launch") == {}
+
+
+def test_a_context_outside_a_launch_ignores_heartbeats():
+    RankContext(0, 1, torch.device("cpu"), "none").heartbeat()  # e.g. evaluation in the flow
