@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import mlflow
-import mlflow.pytorch
 import numpy as np
 import torch
 from mlflow.entities import Metric, Param, RunTag
@@ -29,11 +28,12 @@ from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
 from ddpflow.bounded import call_bounded
+from ddpflow.mlflow_pytorch import mlflow_pytorch
 from ddpflow.redact import redact_text, redact_url
 
+log = logging.getLogger(__name__)
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
 # the GenAI view that MLflow 3.17 picks for experiments without a kind.
-log = logging.getLogger(__name__)
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 MAX_PARAM_LEN = 6000
@@ -246,7 +246,7 @@ def register_pt2_model(
     with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
         for quiet in quiet_warnings:
             warnings.filterwarnings("ignore", **quiet)
-        info = mlflow.pytorch.log_model(
+        info = mlflow_pytorch.log_model(
             serving,
             name="model",
             signature=signature,
