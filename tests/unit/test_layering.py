@@ -1,0 +1,78 @@
+"""Promises about the code's shape that a refactor could silently break."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from ddpflow.vision.training import make_optimizer
+from tests.integration.conftest import REPO
+
+
+def _imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module)
+    return names
+
+
+def test_the_library_never_imports_prefect():
+    # README "Layout": ddpflow/ is the library and never imports prefect, so it runs on Dask
+    # workers and in plain scripts without an orchestrator.
+    offenders = {
+        str(path.relative_to(REPO)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] == "prefect"
+        )
+        for path in (REPO / "ddpflow").rglob("*.py")
+    }
+    assert {p: m for p, m in offenders.items() if m} == {}
+
+
+SECRET_KEYS = re.compile(r"(secret|password|token|access_key|auth)", re.IGNORECASE)
+SECRET_VALUES = re.compile(r"(AKIA[0-9A-Z]{12,}|://[^/\s:@]+:[^/\s@]+@)")
+
+
+def _walk(value: object, path: str = "") -> list[tuple[str, object]]:
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _walk(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [item for i, v in enumerate(value) for item in _walk(v, f"{path}[{i}]")]
+    return [(path, value)]
+
+
+def test_the_deployment_file_holds_no_secret():
+    # README "Deployments": no secret is in deployments/prefect.yaml; the worker's own
+    # environment supplies tracking URI, artifact root and AWS settings.
+    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    leaves = _walk(spec)
+    assert len(leaves) > 10, "the file was parsed"
+    keyed = [path for path, _ in leaves if SECRET_KEYS.search(path.rsplit(".", 1)[-1])]
+    valued = [path for path, value in leaves if SECRET_VALUES.search(str(value))]
+    assert keyed == [] and valued == []
+    assert not any("job_variables" in path and ".env" in path for path, _ in leaves), (
+        "no environment is set per deployment"
+    )
+
+
+@pytest.mark.parametrize(("kind", "cls"), [("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)])
+def test_the_image_optimizer_is_the_one_asked_for(kind, cls):
+    # README "Image classification": Adam, or `--optimizer sgd` (with momentum 0.9).
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    optimizer = make_optimizer(kind, params, lr=0.5)
+    assert type(optimizer) is cls and optimizer.param_groups[0]["lr"] == 0.5
+    if kind == "sgd":
+        assert optimizer.param_groups[0]["momentum"] == 0.9
+
+
+def test_an_unknown_optimizer_is_named():
+    with pytest.raises(ValueError, match=r"optimizer='lamb' is not one of adam, sgd"):
+        make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], lr=0.1)
