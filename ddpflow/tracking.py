@@ -1,4 +1,5 @@
-"""MLflow: the flow creates one run; rank 0 logs into it by run_id, other ranks log nothing.
+"""MLflow: the flow creates one run; rank 0 logs into it by run_id, the other ranks only
+their system metrics (ddpflow.system_metrics).
 
 MLflow's "active run" is thread-local and Dask runs code in other threads and processes,
 so every call here names the tracking URI and run id explicitly (MlflowClient).

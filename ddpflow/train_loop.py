@@ -23,6 +23,7 @@ from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking import MetricLogger
+from ddpflow.training_progress import StepProgress, StepReporter
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 ToBatch = Callable[[torch.Tensor], Batch]
@@ -38,6 +39,8 @@ class FitPlan:
     start_epoch: int = 0
     log_every_steps: int = 20
     eval_batch_size: int = 8192
+    # Dask event topic for rank 0's step progress (ddpflow.training_progress); None: not sent.
+    progress_topic: str | None = None
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ def fit(
     hooks = hooks or FitHooks()
     history = []
     steps_per_epoch = len(_batches(train_data, plan, ctx, 0))
-    progress = _Progress(ctx, plan.epochs, steps_per_epoch)
+    progress = _Progress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
     if plan.start_epoch > 0:
         progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
     for epoch in range(plan.start_epoch, plan.epochs):
@@ -179,12 +182,35 @@ class _Window:
 
 class _Progress:
     """Rank 0's progress lines for the flow's log (RankContext.report): one per epoch, and
-    within an epoch one at most every `every_s` seconds, so short epochs stay quiet."""
+    within an epoch one at most every `every_s` seconds, so short epochs stay quiet. The
+    step counts also go to `reporter` (its own rate limit) for the flow's progress view."""
 
-    def __init__(self, ctx: RankContext, epochs: int, steps_per_epoch: int, every_s: float = 30):
+    def __init__(
+        self,
+        ctx: RankContext,
+        epochs: int,
+        steps_per_epoch: int,
+        reporter: StepReporter | None = None,
+        every_s: float = 30,
+    ):
         self.ctx, self.epochs, self.steps = ctx, epochs, steps_per_epoch
+        self.reporter = reporter if ctx.is_main else None
         self.every_s = every_s
         self.last = time.monotonic()
+
+    def _send(
+        self, epoch: int, steps_done: int, train_loss: float, val_loss: float | None = None
+    ) -> None:
+        if self.reporter is not None:
+            progress = StepProgress(
+                step=steps_done,
+                total_steps=self.epochs * self.steps,
+                epoch=epoch,
+                epochs=self.epochs,
+                train_loss=train_loss,
+                val_loss=val_loss,
+            )
+            self.reporter.report(progress, force=val_loss is not None)
 
     def report(self, message: str) -> None:
         if self.ctx.is_main:
@@ -192,6 +218,7 @@ class _Progress:
             self.last = time.monotonic()
 
     def step(self, epoch: int, step: int, train_loss: float) -> None:
+        self._send(epoch + 1, epoch * self.steps + step, train_loss)
         if time.monotonic() - self.last >= self.every_s:
             self.report(
                 f"epoch {epoch + 1}/{self.epochs}: step {step}/{self.steps} "
@@ -199,6 +226,7 @@ class _Progress:
             )
 
     def epoch_done(self, stats: EpochStats) -> None:
+        self._send(stats.epoch, stats.epoch * self.steps, stats.train_loss, stats.val_loss)
         extra = "".join(f", {k} {v:.4f}" for k, v in stats.val_metrics.items())
         self.report(
             f"epoch {stats.epoch}/{self.epochs} done: train loss {stats.train_loss:.4f}, "

@@ -15,12 +15,17 @@ from ddpflow.charlm.data import FormattedCorpus
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
+from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import CharLMParams
 from flows.preflight import run_preflight
 from flows.summary import mlflow_ui_hint
 from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
+from tasks.inspection import describe_datasets
+
+WORKLOAD = "charlm"
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ def run_charlm_pipeline(
     params: CharLMParams, settings: Settings, tags: dict[str, str] | None = None
 ) -> tuple[CharLMSummary, RunRef, FormattedCorpus]:
     """Run every step; the MLflow run is FINISHED on success and FAILED on any error."""
+    tag_flow_run(WORKLOAD)
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.
     ranks = run_preflight(settings, params.world_size)
     raw = download_corpus.submit(params.source, settings.artifact_root).result()
@@ -67,10 +73,14 @@ def run_charlm_pipeline(
         f"corpus: {corpus.num_train_names} train / {corpus.num_val_names} holdout names, "
         f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
     )
+    datasets = corpus_datasets(corpus, params.source)
+    run_name, identity_tags = run_identity(
+        run_origin(), f"charlm-{flow_run.get_id()}", "A pet-name model (charlm)", datasets
+    )
     run = start_run(
         settings.tracking_uri,
         params.experiment,
-        run_name=f"charlm-{flow_run.get_id()}",
+        run_name=run_name,
         params={
             **params.model_dump(),
             "source": redact_url(params.source),
@@ -80,11 +90,13 @@ def run_charlm_pipeline(
         },
         tags={
             "prefect.flow_run_id": str(flow_run.get_id()),
-            "ddpflow.workload": "charlm",
+            "ddpflow.workload": WORKLOAD,
+            **identity_tags,
             **(tags or {}),
         },
         artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
     )
+    log_datasets(run, datasets)
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
     try:
@@ -93,7 +105,27 @@ def run_charlm_pipeline(
         end_run(run, failed=True)
         raise
     end_run(run)
+    publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
     return summary, run, corpus
+
+
+def corpus_datasets(corpus: FormattedCorpus, source: str) -> list[DatasetRef]:
+    """The train and holdout files the ranks read, with content digests."""
+    inputs = [
+        (
+            "pet-names-train",
+            corpus.train_uri,
+            "training",
+            {"names": corpus.num_train_names, "samples": corpus.num_train_samples},
+        ),
+        (
+            "pet-names-holdout",
+            corpus.val_uri,
+            "validation",
+            {"names": corpus.num_val_names, "samples": corpus.num_val_samples},
+        ),
+    ]
+    return describe_datasets.submit(inputs, redact_url(source)).result()
 
 
 def _train_evaluate_register(

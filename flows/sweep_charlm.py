@@ -18,6 +18,7 @@ from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from ddpflow.distributed import cluster_workers
 from ddpflow.distributed.planning import PlanError, workers_with_resources
+from ddpflow.inspection import log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.sweep import (
     SweepConfigError,
@@ -32,7 +33,9 @@ from ddpflow.sweep import (
 )
 from ddpflow.sweep.report import best, log_to_parent, plots, table_rows
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
+from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import ParameterError, SweepParams, validate_params
 from flows.preflight import run_preflight
 from flows.redacted_flow import flow
@@ -43,6 +46,7 @@ from tasks.charlm import download_corpus, format_training_data, register
 from tasks.retrain import score_and_promote
 from tasks.sweep import TABLE_KEY, publish_table, train_trial
 
+WORKLOAD = "charlm-sweep"
 TRIAL_DEFAULTS = ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed")
 
 
@@ -69,6 +73,7 @@ def sweep_charlm(
     """Train one pet-name model per trial, concurrently on the Dask cluster, and compare them."""
     params = validate_params(SweepParams, dict(locals()))
     settings = Settings.from_env()
+    tag_flow_run(WORKLOAD)
     specs = _plan_trials(params)
     # Pre-flight before any download: enough workers for one trial, then store and tracking.
     workers = _cluster_workers(params.ranks_per_trial)
@@ -82,6 +87,11 @@ def sweep_charlm(
         end_run(parent, failed=True)
         raise
     end_run(parent, failed=summary.num_completed == 0)
+    if summary.best_run_id is not None:
+        best_run = RunRef(parent.tracking_uri, summary.best_run_id)
+        publish_mlflow_links(
+            best_run, "charlm-sweep-mlflow", params.model_name, summary.model_version
+        )
     print(summary.render(mlflow_ui_hint(settings.tracking_uri, parent.run_id)))
     if summary.num_completed == 0:
         raise RuntimeError(f"no trial completed; see the table above and MLflow {parent.run_id}")
@@ -120,14 +130,20 @@ def _start_sweep(params: SweepParams, settings: Settings, specs: list[TrialSpec]
     print(f"corpus: {corpus.num_train_samples} train / {corpus.num_val_samples} holdout samples")
     artifact_location = default_artifact_location(settings.tracking_uri, settings.project_dir)
     flow_run_id = str(flow_run.get_id())
+    datasets = corpus_datasets(corpus, params.source)
+    origin = run_origin()
+    run_name, identity_tags = run_identity(
+        origin, f"sweep-{flow_run_id}", f"A sweep of {len(specs)} pet-name trials", datasets
+    )
     parent = start_run(
         settings.tracking_uri,
         params.experiment,
-        run_name=f"sweep-{flow_run_id}",
+        run_name=run_name,
         params=_parent_params(params, specs, raw.sha256, corpus.num_train_samples),
-        tags={"prefect.flow_run_id": flow_run_id, "ddpflow.workload": "charlm-sweep"},
+        tags={"prefect.flow_run_id": flow_run_id, "ddpflow.workload": WORKLOAD, **identity_tags},
         artifact_location=artifact_location,
     )
+    log_datasets(parent, datasets)
     return SweepSetup(
         corpus=corpus,
         parent=parent,
@@ -140,7 +156,12 @@ def _start_sweep(params: SweepParams, settings: Settings, specs: list[TrialSpec]
             "data_sha256": raw.sha256,
             "world_size": params.ranks_per_trial,
         },
-        tags={"prefect.flow_run_id": flow_run_id, "ddpflow.workload": "charlm-trial"},
+        tags={
+            "prefect.flow_run_id": flow_run_id,
+            "ddpflow.workload": "charlm-trial",
+            **origin.tags(),
+        },
+        datasets=datasets,
     )
 
 

@@ -12,12 +12,14 @@ from prefect.runtime import flow_run
 
 from ddpflow import storage
 from ddpflow.config import Settings
+from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob
 from flows.cli import run_cli
+from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import ImageParams, validate_params
 from flows.preflight import run_preflight
 from flows.redacted_flow import flow
@@ -31,6 +33,9 @@ from tasks.images import (
     register,
     train_ddp,
 )
+from tasks.inspection import describe_datasets
+
+WORKLOAD = "images"
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ def train_images(
     """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
     params = validate_params(ImageParams, dict(locals()))
     settings = Settings.from_env()
+    tag_flow_run(WORKLOAD)
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.
     ranks = run_preflight(settings, params.world_size)
 
@@ -127,6 +133,7 @@ def train_images(
         end_run(run, failed=True)
         raise
     end_run(run)
+    publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
     print(summary.render(settings))
     return summary
 
@@ -134,10 +141,17 @@ def train_images(
 def _start_run(
     params: ImageParams, settings: Settings, source: str, data: FormattedImages, world: int
 ) -> RunRef:
-    return start_run(
+    datasets = image_datasets(data, source)
+    run_name, identity_tags = run_identity(
+        run_origin(),
+        f"images-{flow_run.get_id()}",
+        f"An image classifier ({params.arch}, {len(data.classes)} classes)",
+        datasets,
+    )
+    run = start_run(
         settings.tracking_uri,
         params.experiment,
-        run_name=f"images-{flow_run.get_id()}",
+        run_name=run_name,
         params={
             **params.model_dump(),
             "source": redact_url(source),
@@ -150,9 +164,35 @@ def _start_run(
             "num_skipped_files": len(data.bad),
             "data_fingerprint": data.fingerprint,
         },
-        tags={"prefect.flow_run_id": str(flow_run.get_id()), "ddpflow.workload": "images"},
+        tags={
+            "prefect.flow_run_id": str(flow_run.get_id()),
+            "ddpflow.workload": WORKLOAD,
+            **identity_tags,
+        },
         artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
     )
+    log_datasets(run, datasets)
+    return run
+
+
+def image_datasets(data: FormattedImages, source: str) -> list[DatasetRef]:
+    """The formatted train and validation splits the ranks read, with content digests."""
+    classes = len(data.classes)
+    inputs = [
+        (
+            "images-train",
+            data.train_uri,
+            "training",
+            {"images": data.num_train, "classes": classes},
+        ),
+        (
+            "images-validation",
+            data.val_uri,
+            "validation",
+            {"images": data.num_val, "classes": classes},
+        ),
+    ]
+    return describe_datasets.submit(inputs, redact_url(source)).result()
 
 
 def _train_evaluate_register(

@@ -15,6 +15,7 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
+from ddpflow.inspection import describe_version
 from ddpflow.tracking import RunRef
 from tasks.restarts import train_with_restarts
 
@@ -54,6 +55,7 @@ def train_ddp(
         rank_timeout_s,
         max_restarts,
         min_workers,
+        progress_key="charlm-progress",
     )
 
 
@@ -83,5 +85,7 @@ def evaluate(
 
 @task(name="register-model")
 def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
-    """Log the final model to the MLflow run and register a new version."""
-    return register_model(run, checkpoint_uri, model_name)
+    """Log the final model to the MLflow run, register a new version and describe it."""
+    version = register_model(run, checkpoint_uri, model_name)
+    describe_version(run, model_name, version)
+    return version

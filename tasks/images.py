@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.inspection import describe_version
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
@@ -77,7 +78,14 @@ def train_ddp(
     Call it directly from the flow (not .submit) so the launcher runs in the flow process.
     """
     return train_with_restarts(
-        train_rank, job, job.run, "images-restarts", world_size, rank_timeout_s, max_restarts
+        train_rank,
+        job,
+        job.run,
+        "images-restarts",
+        world_size,
+        rank_timeout_s,
+        max_restarts,
+        progress_key="images-progress",
     )
 
 
@@ -99,5 +107,7 @@ def evaluate(
 
 @task(name="register-model")
 def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
-    """Log the final model to the MLflow run and register a new version."""
-    return register_model(run, checkpoint_uri, model_name)
+    """Log the final model to the MLflow run, register a new version and describe it."""
+    version = register_model(run, checkpoint_uri, model_name)
+    describe_version(run, model_name, version)
+    return version

@@ -11,6 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from ddpflow.config import Settings
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.prefect_progress import training_progress
 from ddpflow.tracking import RunRef, log_restart
 from flows.runner import current_dask_client
 
@@ -24,27 +25,31 @@ def train_with_restarts(
     rank_timeout_s: float,
     max_restarts: int,
     min_workers: int | None = None,
+    progress_key: str = "training-progress",
 ) -> Any:
     """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
 
     Runs in the flow process (the caller is a task called directly, not submitted), so no
     task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
-    run, and all of them are listed in a Prefect artifact.
+    run, and all of them are listed in a Prefect artifact. The progress over all attempts is
+    the Prefect progress artifact `progress_key`.
     """
     settings = Settings.from_env()
-    results, restarts = launch_with_restarts(
-        current_dask_client(),
-        rank_fn,
-        job,
-        world_size=world_size,
-        min_workers=min_workers,
-        timeout_s=rank_timeout_s,
-        max_restarts=max_restarts,
-        on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
-        heal_timeout_s=settings.heal_timeout_s,
-        resources=settings.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
-        on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
-    )
+    client = current_dask_client()
+    with training_progress(client, run.run_id, progress_key, "DDP training"):
+        results, restarts = launch_with_restarts(
+            client,
+            rank_fn,
+            job,
+            world_size=world_size,
+            min_workers=min_workers,
+            timeout_s=rank_timeout_s,
+            max_restarts=max_restarts,
+            on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
+            heal_timeout_s=settings.heal_timeout_s,
+            resources=settings.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+            on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
+        )
     if restarts:
         create_markdown_artifact(
             markdown=restarts_markdown(run, restarts),

@@ -10,6 +10,7 @@ from prefect.artifacts import create_table_artifact
 from ddpflow.charlm.training import TrainResult
 from ddpflow.config import Settings
 from ddpflow.distributed import launch
+from ddpflow.prefect_progress import training_progress
 from ddpflow.sweep import TrialJob, trial_rank
 from flows.runner import current_dask_client
 
@@ -25,16 +26,19 @@ def train_trial(
     Called directly from a flow thread (not .submit): the launcher must run in the flow
     process, never in a task that holds a worker thread.
     """
-    results = launch(
-        current_dask_client(),
-        trial_rank,
-        job,
-        world_size=len(workers),
-        workers=workers,
-        timeout_s=rank_timeout_s,
-        resources=Settings.from_env().rank_resources,
-        on_progress=get_run_logger().info,  # in this trial task's log
-    )
+    client = current_dask_client()
+    key = f"charlm-trial-{index}-progress"
+    with training_progress(client, job.train.run.run_id, key, f"trial {index}"):
+        results = launch(
+            client,
+            trial_rank,
+            job,
+            world_size=len(workers),
+            workers=workers,
+            timeout_s=rank_timeout_s,
+            resources=Settings.from_env().rank_resources,
+            on_progress=get_run_logger().info,  # in this trial task's log
+        )
     return results[0]
 
 

@@ -24,6 +24,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.evaluation import load_model
 from ddpflow.charlm.formatting import split_xy
+from ddpflow.inspection import record_decision_on_versions
 from ddpflow.promotion_lock import promotion_lock
 from ddpflow.registry import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
 
@@ -131,8 +132,16 @@ def promote(
 
 
 def apply(client: MlflowClient, model_name: str, run_id: str, decision: Decision) -> None:
-    """Record the decision on the challenger's run; move the alias only when promoted."""
+    """Record the decision on the challenger's run and on both versions involved; move the
+    alias only when promoted."""
     for key, value in decision.as_tags().items():
         client.set_tag(run_id, key, value)
+    record_decision_on_versions(
+        client,
+        model_name,
+        decision.as_tags(),
+        decision.challenger_version,
+        decision.champion_version,
+    )
     if decision.promoted:
         client.set_registered_model_alias(model_name, CHAMPION_ALIAS, decision.challenger_version)

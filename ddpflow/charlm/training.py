@@ -12,8 +12,10 @@ from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
+from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitPlan, fit
+from ddpflow.training_progress import progress_topic
 
 
 @dataclass(frozen=True)
@@ -75,23 +77,25 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
         )
         record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
 
-    history = fit(
-        ddp_model,
-        optimizer,
-        train_data=load_windows(job.train_uri),
-        val_data=load_windows(job.val_uri),
-        to_batch=split_xy,
-        ctx=ctx,
-        logger=logger,
-        save_checkpoint=save_checkpoint,
-        plan=FitPlan(
-            epochs=job.epochs,
-            batch_size=job.batch_size,
-            seed=job.seed,
-            start_epoch=start_epoch,
-            log_every_steps=job.log_every_steps,
-        ),
-    )
+    with rank_system_metrics(job.run, ctx.rank):
+        history = fit(
+            ddp_model,
+            optimizer,
+            train_data=load_windows(job.train_uri),
+            val_data=load_windows(job.val_uri),
+            to_batch=split_xy,
+            ctx=ctx,
+            logger=logger,
+            save_checkpoint=save_checkpoint,
+            plan=FitPlan(
+                epochs=job.epochs,
+                batch_size=job.batch_size,
+                seed=job.seed,
+                start_epoch=start_epoch,
+                log_every_steps=job.log_every_steps,
+                progress_topic=progress_topic(job.run.run_id),
+            ),
+        )
     close_logger(logger)  # everything logged is in MLflow before the flow reads it
     latest = store.latest_uri() if ctx.is_main else None
     return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)

@@ -8,7 +8,7 @@ run ends FAILED with the error as a tag and the other trials carry on.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +16,7 @@ from ddpflow import storage
 from ddpflow.charlm.data import FormattedCorpus
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult
+from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.sweep.config import TRIAL_FIELDS, TrialConfig, TrialSpec
 from ddpflow.sweep.trial import TrialJob, elapsed_by_epoch
 from ddpflow.tracking import MlflowLogger, RunRef, end_run, metric_history, start_run
@@ -42,6 +43,7 @@ class SweepSetup:
     keep_last: int
     params: Mapping[str, Any] = field(default_factory=dict)  # logged on every child run
     tags: Mapping[str, str] = field(default_factory=dict)
+    datasets: Sequence[DatasetRef] = ()  # logged as every trained child run's inputs
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,8 @@ def run_trial(
     assert spec.config is not None, "invalid trials go to reject_trial"
     run = _start_child(spec, setup, workers)
     try:
+        if setup.datasets:
+            log_datasets(run, setup.datasets)
         result = train(trial_job(spec.config, setup, run), workers)
     except Exception as error:  # noqa: BLE001 - one trial's crash must not stop the sweep
         message = f"{type(error).__name__}: {error}"

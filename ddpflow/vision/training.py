@@ -14,8 +14,10 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
+from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
+from ddpflow.training_progress import progress_topic
 from ddpflow.vision.data import ImageSplit, load_split
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
 from ddpflow.vision.model import (
@@ -123,12 +125,22 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         job.seed,
         start_epoch=start_epoch,
         log_every_steps=job.log_every_steps,
+        progress_topic=progress_topic(job.run.run_id),
     )
     # fit() slices its data by sample index; the images stay in `train` and `val`.
     indices = torch.arange(len(train.labels)), torch.arange(len(val.labels))
-    history = fit(
-        built.ddp_model, optimizer, *indices, train.batch, ctx, logger, save_checkpoint, plan, hooks
-    )
+    with rank_system_metrics(job.run, ctx.rank):
+        history = fit(
+            built.ddp_model,
+            optimizer,
+            *indices,
+            train.batch,
+            ctx,
+            logger,
+            save_checkpoint,
+            plan,
+            hooks,
+        )
     close_logger(logger)  # everything logged is in MLflow before the flow reads it
     latest = store.latest_uri() if ctx.is_main else None
     return ImageTrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)

@@ -6,7 +6,9 @@ runs that must fail before training: too many unreadable files, and a single cla
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from collections import Counter
 
 import mlflow
@@ -140,6 +142,32 @@ def test_credentials_appear_in_no_output_param_or_tag(trained):
     run = trained["run"]
     recorded = " ".join([*run.data.params.values(), *run.data.tags.values(), trained["output"]])
     assert SECRET_KEY not in recorded and ACCESS_KEY not in recorded
+
+
+def test_inputs_system_metrics_and_version_tags_are_recorded(trained, moto):
+    """The image workload records what tests/integration/test_inspection.py checks for charlm:
+    its S3 inputs with content digests, a system-metric series per rank, a described version."""
+    run = trained["run"]
+    inputs = {
+        next(t.value for t in i.tags if t.key == "mlflow.data.context"): i.dataset
+        for i in run.inputs.dataset_inputs
+    }
+    assert set(inputs) == {"training", "validation"}
+    for dataset in inputs.values():
+        uri = json.loads(dataset.source)["uri"]
+        assert dataset.source_type == "s3" and uri.startswith(f"s3://{BUCKET}/artifacts/"), uri
+        key = uri.removeprefix(f"s3://{BUCKET}/")
+        content = s3_client(moto).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        assert dataset.digest == hashlib.sha256(content).hexdigest()[:32]
+        assert SECRET_KEY not in dataset.source and ACCESS_KEY not in dataset.source
+    assert "system/rank0/cpu_utilization_percentage" in run.data.metrics
+    assert "system/rank1/cpu_utilization_percentage" in run.data.metrics
+    version = trained["client"].get_model_version("ddpflow-images", "1")
+    assert version.tags["ddpflow.workload"] == "images"
+    assert (
+        version.tags["metric.final_val_accuracy"] == f"{run.data.metrics['final_val_accuracy']:.4f}"
+    )
+    assert inputs["training"].digest in version.description
 
 
 def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained, moto):
