@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -32,7 +33,16 @@ ONE_EPOCH = [
     "--epochs", "1", "--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024",
     "--lr", "0.01", "--num-names", "3", "--keep-last", "1",
 ]  # fmt: skip
-DOCS_IMG = REPO / "docs" / "img"
+# The docs' screenshots are these tests' screenshots. A run writes them to a temporary folder
+# unless DDPFLOW_SCREENSHOTS names one: `DDPFLOW_SCREENSHOTS=docs/img make test
+# ARGS="-m browser"` refreshes the docs' copies.
+SCREENSHOTS_ENV = "DDPFLOW_SCREENSHOTS"
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    chosen = os.environ.get(SCREENSHOTS_ENV)
+    return Path(chosen).resolve() if chosen else tmp_path_factory.mktemp("screenshots")
 
 
 @pytest.fixture(scope="module")
@@ -211,23 +221,23 @@ def render(url: str, screenshot: Path | None = None, budget_ms: int = 20000) -> 
 
 
 @pytest.mark.browser
-def test_run_page_shows_the_datasets(trained):
+def test_run_page_shows_the_datasets(trained, screenshots):
     run = trained["run"]
     url = f"{trained['mlflow_url']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
-    dom = render(url, DOCS_IMG / "mlflow-run.png")
+    dom = render(url, screenshots / "mlflow-run.png")
     assert "pet-names-train" in dom
     assert run.info.run_name in dom
     assert trained["run"].data.tags["mlflow.source.git.commit"][:7] in dom
 
 
 @pytest.mark.browser
-def test_system_metrics_tab_shows_a_chart_per_rank(trained):
+def test_system_metrics_tab_shows_a_chart_per_rank(trained, screenshots):
     run = trained["run"]
     url = (
         f"{trained['mlflow_url']}/#/experiments/{run.info.experiment_id}/runs/"
         f"{run.info.run_id}/system-metrics"
     )
-    dom = render(url, DOCS_IMG / "mlflow-system-metrics.png")
+    dom = render(url, screenshots / "mlflow-system-metrics.png")
     # The tab groups the charts by prefix, one section per rank: "system/rank0 (8)".
     for rank in (0, 1):
         charts = re.search(rf"system/rank{rank}\s*(?:<[^>]*>\s*)*\((\d+)\)", dom)
@@ -235,8 +245,8 @@ def test_system_metrics_tab_shows_a_chart_per_rank(trained):
 
 
 @pytest.mark.browser
-def test_model_version_page_shows_the_alias_and_description(trained):
+def test_model_version_page_shows_the_alias_and_description(trained, screenshots):
     url = f"{trained['mlflow_url']}/#/models/{MODEL}/versions/1"
-    dom = render(url, DOCS_IMG / "mlflow-model-version.png")
+    dom = render(url, screenshots / "mlflow-model-version.png")
     assert "champion" in dom
     assert "final_val_loss" in dom
