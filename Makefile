@@ -34,7 +34,7 @@ mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 clean:
-	rm -rf artifacts mlartifacts mlruns mlflow.db
+	rm -rf artifacts mlartifacts mlruns mlflow.db mlflow.db.lock
 
 # Local production-like stack (infra/README.md), e.g. make stack-up ARGS="--free-ports".
 .PHONY: stack-up stack-down stack-status

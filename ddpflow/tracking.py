@@ -31,6 +31,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.bounded import call_bounded
 from ddpflow.mlflow_pytorch import mlflow_pytorch
 from ddpflow.redact import redact_text, redact_url
+from ddpflow.sqlite_store import prepare_sqlite_store
 
 log = logging.getLogger(__name__)
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
@@ -211,6 +212,7 @@ def start_run(
     With `parent_run_id` the run is a child (e.g. a sweep's trial): the MLflow UI nests it
     under its parent through the `mlflow.parentRunId` tag.
     """
+    prepare_sqlite_store(tracking_uri)  # the first run on a fresh file creates its schema
     client = MlflowClient(tracking_uri)
     experiment_id = ensure_experiment(client, experiment_name, artifact_location)
     tags = {**tags, PARENT_RUN_TAG: parent_run_id} if parent_run_id else dict(tags)
