@@ -199,3 +199,39 @@ def test_ranks_per_trial_larger_than_the_cluster_fails_before_any_work(tmp_path)
     assert result.returncode == 1
     assert "ranks_per_trial=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
     assert not (tmp_path / "artifacts").exists()
+
+
+ARTIFACTS = """
+import json
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as client:
+    found = client.read_artifacts()
+print(json.dumps([
+    {"key": a.key, "type": a.type, "data": a.data, "description": a.description} for a in found
+], default=str))
+"""
+
+
+def test_trials_show_their_progress_datasets_and_the_sweep_links(swept) -> None:
+    # docs/inspecting.md: each trial has a progress artifact (100 % when it completed), its
+    # child run logs its datasets, and the sweep links the best run and its version.
+    result = subprocess.run(
+        [sys.executable, "-c", ARTIFACTS],
+        env=project_env(swept["project"]),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    artifacts = {a["key"]: a for a in json.loads(result.stdout.strip().splitlines()[-1])}
+    completed = [0, 1, 2]
+    for trial in completed:
+        progress = artifacts[f"charlm-trial-{trial}-progress"]
+        assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
+        inputs = swept["children"][trial].inputs.dataset_inputs
+        assert {i.dataset.digest for i in inputs} and len(inputs) == 2
+    crashed = artifacts["charlm-trial-4-progress"]  # fail_after_epochs: it raises after epoch 1
+    assert crashed["description"].startswith("trial 4: failed at epoch 1"), crashed
+    best = swept["parents"][0].data.tags["ddpflow.best_run_id"]
+    assert best in artifacts["charlm-sweep-mlflow"]["data"]
