@@ -110,10 +110,17 @@ def run_flow(
 
 
 @pytest.fixture(scope="session")
-def charlm_reference(tmp_path_factory) -> dict[str, torch.Tensor]:
-    """Final weights of an uninterrupted tiny 2-rank training on the laptop default (a
-    LocalCluster), which every exact-resume and multi-host test must reproduce bitwise."""
+def charlm_reference_project(tmp_path_factory) -> Path:
+    """The project folder of an uninterrupted tiny 2-rank training on the laptop default (a
+    LocalCluster): its checkpoints and its MLflow run are what exact resumes reproduce."""
     project = tmp_path_factory.mktemp("charlm-reference")
     result = run_flow("train_charlm", TINY, project, timeout_s=400)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return final_weights(project)
+    return project
+
+
+@pytest.fixture(scope="session")
+def charlm_reference(charlm_reference_project: Path) -> dict[str, torch.Tensor]:
+    """Final weights of the uninterrupted run, which every exact-resume and multi-host test
+    must reproduce bitwise."""
+    return final_weights(charlm_reference_project)

@@ -39,3 +39,20 @@ def advertise_loopback_once() -> None:
 
 def started_at(ctx: RankContext) -> float:
     return time.time()
+
+
+def hold_until(ctx: RankContext, holding: str, release: str) -> float:
+    """Keep the group's workers until the Dask Event `release` is set, beating meanwhile so
+    the step watchdog sees progress; rank 0 sets `holding` once the group has formed.
+    Returns when this rank let go (time.time())."""
+    import distributed
+    import torch.distributed as dist
+
+    client = distributed.get_client()
+    if ctx.rank == 0:
+        distributed.Event(holding, client=client).set()
+    done = distributed.Event(release, client=client)
+    while not done.wait(0.2):
+        ctx.heartbeat()
+    dist.barrier()
+    return time.time()

@@ -11,6 +11,7 @@ which is the only thing faked here.
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -65,31 +66,42 @@ def test_world_size_none_takes_every_gpu_worker_and_no_other(gpu_cluster) -> Non
 
 def test_too_few_gpu_workers_fails_before_any_rank_starts(gpu_cluster) -> None:
     _, client, _ = gpu_cluster
-    with pytest.raises(PlanError) as info:
+    with pytest.raises(
+        PlanError, match=r"with resources \{'GPU': 1\}, but 2 of the 3 workers declare them"
+    ):
         launch(client, _rank_where, world_size=3, timeout_s=30, resources={"GPU": 1})
-    assert "with resources {'GPU': 1}, but 2 of the 3 workers declare them" in str(info.value)
 
 
-def _slow_rank(ctx: RankContext) -> int:
-    time.sleep(1.0)
+def _rank_until(ctx: RankContext, release: str) -> int:
+    """Runs until the test has looked at the scheduler's tasks (beating meanwhile)."""
+    done = distributed.Event(release, client=distributed.get_client())
+    while not done.wait(0.2):
+        ctx.heartbeat()
     return ctx.rank
 
 
 def test_the_rank_tasks_ask_the_scheduler_for_the_gpu(gpu_cluster) -> None:
     """The resources reach Client.submit: the scheduler holds them on each rank's task."""
     cluster, client, _ = gpu_cluster
+    release = f"routing-seen-{uuid.uuid4().hex}"
     seen: list[dict] = []
     with ThreadPoolExecutor(1) as pool:
         group = pool.submit(
-            launch, client, _slow_rank, world_size=2, timeout_s=30, resources={"GPU": 1}
+            launch, client, _rank_until, release, world_size=2, timeout_s=30, resources={"GPU": 1}
         )
-        deadline = time.monotonic() + 20
-        while len(seen) < 2 and time.monotonic() < deadline:
-            ranks = [ts for key, ts in cluster.scheduler.tasks.items() if "ddp-rank" in str(key)]
-            seen = [dict(ts.resource_restrictions or {}) for ts in ranks]
-            time.sleep(0.05)
+        try:
+            # The ranks run until released, so their tasks stay on the scheduler to be seen.
+            deadline = time.monotonic() + 120
+            while len(seen) < 2 and time.monotonic() < deadline and not group.done():
+                ranks = [
+                    ts for key, ts in cluster.scheduler.tasks.items() if "ddp-rank" in str(key)
+                ]
+                seen = [dict(ts.resource_restrictions or {}) for ts in ranks]
+                time.sleep(0.05)
+        finally:
+            distributed.Event(release, client=client).set()
         assert group.result(timeout=60) == [0, 1]
-    assert len(seen) == 2 and all(r == {"GPU": 1} for r in seen)
+    assert len(seen) == 2 and all(r == {"GPU": 1} for r in seen), seen
 
 
 def _cuda_on_gpu_workers(dask_worker: distributed.Worker) -> bool:

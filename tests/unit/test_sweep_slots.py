@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
@@ -24,10 +23,11 @@ def test_acquire_hands_out_lowest_addresses_and_release_returns_them() -> None:
 def test_acquire_waits_until_enough_workers_are_free() -> None:
     slots = WorkerSlots(WORKERS)
     held = slots.acquire(2)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="no 2 free workers within 0.05s"):
         slots.acquire(2, timeout_s=0.05)
+    # Released while the acquire below waits; the bound is generous for a loaded machine.
     threading.Timer(0.05, slots.release, args=(held,)).start()
-    assert len(slots.acquire(2, timeout_s=5)) == 2
+    assert len(slots.acquire(2, timeout_s=60)) == 2
 
 
 @pytest.mark.parametrize("k", [0, 4])
@@ -74,20 +74,23 @@ def test_a_worker_restarted_at_a_new_address_replaces_the_old_one() -> None:
 def test_a_trial_waits_for_a_lost_worker_to_come_back() -> None:
     cluster = Cluster(WORKERS[:1])  # two of three are gone, restarting
     slots = WorkerSlots(WORKERS, current=cluster)
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="no 2 free workers within 0.1s"):
         slots.acquire(2, timeout_s=0.1)
     threading.Timer(0.1, lambda: cluster.workers.append("tcp://127.0.0.1:4009")).start()
-    assert slots.acquire(2, timeout_s=5) == ["tcp://127.0.0.1:4003", "tcp://127.0.0.1:4009"]
+    assert slots.acquire(2, timeout_s=60) == ["tcp://127.0.0.1:4003", "tcp://127.0.0.1:4009"]
 
 
 class Recorder:
-    """Counts trials running at once and which workers each one saw."""
+    """Counts trials running at once and which workers each one saw. The first `together`
+    items wait for each other before they finish, so the peak is reached however slowly
+    the threads start (no timing involved)."""
 
-    def __init__(self) -> None:
+    def __init__(self, together: int) -> None:
         self.lock = threading.Lock()
         self.running: set[str] = set()
         self.peak = 0
         self.overlaps: list[str] = []
+        self.together = threading.Barrier(together, timeout=30)
 
     def __call__(self, item: int, workers: list[str]) -> tuple[int, list[str]]:
         with self.lock:
@@ -96,7 +99,8 @@ class Recorder:
                 self.overlaps.append(f"item {item} got busy workers {clash}")
             self.running |= set(workers)
             self.peak = max(self.peak, len(self.running))
-        time.sleep(0.02)
+        if item < self.together.parties:
+            self.together.wait()
         with self.lock:
             self.running -= set(workers)
         return item, workers
@@ -104,7 +108,7 @@ class Recorder:
 
 @pytest.mark.parametrize(("k", "expected_peak"), [(1, 3), (2, 2), (3, 3)])
 def test_run_queued_never_over_assigns_and_runs_every_item(k: int, expected_peak: int) -> None:
-    recorder = Recorder()
+    recorder = Recorder(together=len(WORKERS) // k)
     results = run_queued(list(range(10)), WorkerSlots(WORKERS), k, recorder)
     assert [item for item, _ in results] == list(range(10)), "results in item order"
     assert all(len(workers) == k for _, workers in results)
@@ -116,6 +120,7 @@ def test_run_queued_never_over_assigns_and_runs_every_item(k: int, expected_peak
 def test_run_queued_queues_beyond_capacity() -> None:
     # The first two must run at the same time (else the barrier breaks); the others wait.
     both_running = threading.Barrier(2, timeout=30)
+    later_started = threading.Event()
     lock = threading.Lock()
     log: list[tuple[str, int]] = []
 
@@ -124,7 +129,11 @@ def test_run_queued_queues_beyond_capacity() -> None:
             both_running.wait()
         with lock:
             log.append(("start", item))
-        time.sleep(0.05)
+        if item >= 2:
+            later_started.set()
+        else:
+            # Give a queued item that (wrongly) starts now every chance to show up first.
+            later_started.wait(0.5)
         with lock:
             log.append(("end", item))
         return item
@@ -150,7 +159,6 @@ def test_an_escaping_error_is_raised_after_the_other_items_finish() -> None:
     def fn(item: int, workers: list[str]) -> int:
         if item == 0:
             raise RuntimeError("boom")
-        time.sleep(0.05)
         finished.append(item)
         return item
 
