@@ -55,6 +55,13 @@ class RestartsExhausted(LaunchError):
     """The group failed once more than `max_restarts` allows."""
 
 
+class WorkersNotBack(LaunchError):
+    """After a failure, too few workers came back to relaunch the group."""
+
+    def __init__(self, message: str):
+        super().__init__(message, [])
+
+
 class RepeatedFailure(RestartsExhausted):
     """The group failed twice in a row the same way before training started."""
 
@@ -190,4 +197,13 @@ def _next_world_size(
         if available >= max(1, floor):
             log.warning("continuing with %d ranks instead of %d", available, wanted)
             return available
-        raise
+        allowed = (
+            f"min_workers={min_workers} allows no fewer"
+            if min_workers is not None
+            else "pass --min-workers to continue with fewer ranks"
+        )
+        raise WorkersNotBack(
+            f"the DDP group needs {max(1, floor)} workers to relaunch, but only {available} of "
+            f"{wanted} were back within {timeout_s:g}s (DDPFLOW_HEAL_TIMEOUT_S); {allowed}, or "
+            "find out why the workers did not come back"
+        ) from None

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 
+import distributed
+import pytest
 import torch
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.elastic import failure_causes
+from ddpflow.distributed.elastic import WorkersNotBack, _next_world_size, failure_causes
 from ddpflow.distributed.failures import LaunchError, RankFailure
 from ddpflow.distributed.watchdog import rank_progress, rank_started
 
@@ -53,3 +55,18 @@ def test_a_heartbeat_is_recorded_on_the_worker_without_network():
 
 def test_a_context_outside_a_launch_ignores_heartbeats():
     RankContext(0, 1, torch.device("cpu"), "none").heartbeat()  # e.g. evaluation in the flow
+
+
+def test_workers_that_do_not_come_back_are_named_with_the_fix():
+    # docs/multi-host.md "When a host fails": without --min-workers, a run whose workers do
+    # not come back fails naming the heal timeout and --min-workers (not Dask's bare timeout).
+    with (
+        distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        with pytest.raises(WorkersNotBack, match=r"only 1 of 2 were back within 0.5s") as info:
+            _next_world_size(client, 2, None, 0.5)
+        assert "DDPFLOW_HEAL_TIMEOUT_S" in str(info.value) and "--min-workers" in str(info.value)
+        with pytest.raises(WorkersNotBack, match=r"min_workers=2 allows no fewer"):
+            _next_world_size(client, 2, 2, 0.5)
+        assert _next_world_size(client, 2, 1, 0.5) == 1, "min_workers=1 continues with one"
