@@ -14,6 +14,7 @@ import pytest
 from PIL import Image
 
 from ddpflow.batching import MAX_SEED
+from infra.services import free_port
 from tests.integration.conftest import run_flow
 
 pytestmark = pytest.mark.integration
@@ -39,12 +40,18 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _fails_naming(module: str, args: list[str], project: Path, *expected: str) -> str:
+def _fails_naming(
+    module: str,
+    args: list[str],
+    project: Path,
+    *expected: str,
+    env: dict[str, str] | None = None,
+) -> str:
     """Run the flow, check its failure line and the store; return its stderr."""
     before = _stored(project)
     # Generous: Prefect's API server and the Dask cluster alone take a minute when other
     # work shares the 2 cores; the flow's own time is checked where it matters.
-    result = run_flow(module, args, project, timeout_s=300, env=ENV)
+    result = run_flow(module, args, project, timeout_s=300, env={**ENV, **(env or {})})
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # The CLI's one line; Prefect's shutdown logs may follow it.
     lines = [line for line in result.stderr.splitlines() if line.startswith("ddpflow: ")]
@@ -77,6 +84,22 @@ def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path) -> Non
     _fails_naming(
         "sweep_charlm", ["--seed", seed], project, f"seed={seed}", f"from 0 to {MAX_SEED}"
     )
+
+
+# README "Configuration": pre-flight stops an unreachable cluster before any work. (The
+# store and tracking rows of pre-flight are in tests/unit/test_bad_inputs.py, test_s3.py.)
+def test_unreachable_dask_address_stops_the_flow_before_any_task(project: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    stderr = _fails_naming(
+        "train_charlm",
+        ["--epochs", "1"],
+        project,
+        f"Dask scheduler {address} is not reachable",
+        "Start it or fix DDPFLOW_DASK_ADDRESS",
+        env={"DDPFLOW_DASK_ADDRESS": address},
+    )
+    # Pre-flight is the flow's first step: no task (download, format, train) ever ran.
+    assert "Task run" not in stderr, stderr[-3000:]
 
 
 def _png(value: int) -> bytes:
