@@ -21,26 +21,18 @@ from pathlib import Path
 import pytest
 
 from ddpflow.preflight import PreflightError, check_tracking
-from tests.integration.conftest import project_env, run_flow
+from tests.integration.conftest import (
+    READ_RECORDS,
+    prefect_records,
+    project_env,
+    run_flow,
+    tiny_charlm,
+)
 
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
-TINY = ["--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "4096"]
-
-READ_RECORDS = """
-import json
-from prefect.client.orchestration import get_client
-
-with get_client(sync_client=True) as client:
-    records = {
-        "flow_runs": [r.model_dump(mode="json") for r in client.read_flow_runs()],
-        "task_runs": [r.model_dump(mode="json") for r in client.read_task_runs()],
-        "logs": [r.model_dump(mode="json") for r in client.read_logs()],
-        "artifacts": [r.model_dump(mode="json") for r in client.read_artifacts()],
-    }
-print(json.dumps(records))
-"""
+TINY = tiny_charlm(1)
 
 # A flow of its own (no parameters) that hands the download task a source with credentials:
 # the task's error, its state and the flow's state must not repeat them.
@@ -72,21 +64,6 @@ def closed_port() -> int:
 
 def assert_clean(text: str, where: str) -> None:
     assert PASSWORD not in text and KEY not in text, f"{where}: {text[-3000:]}"
-
-
-def prefect_records(project: Path) -> dict:
-    """Every flow run, task run, log and artifact in the project's Prefect database."""
-    result = subprocess.run(
-        [sys.executable, "-c", READ_RECORDS],
-        cwd=project,
-        env={**project_env(project)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def assert_no_file_holds_a_secret(project: Path) -> None:
