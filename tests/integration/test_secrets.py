@@ -93,6 +93,26 @@ def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path
     assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
 
 
+# README "Credentials": every error shows URIs redacted, in the terminal and in Prefect.
+def test_tracking_uri_credentials_stay_out_of_the_error_text_and_its_records(tmp_path):
+    """The error text names the tracking URI (its user:password@ included) and Prefect keeps
+    it as the flow run's state message and in its logs."""
+    project = tmp_path / "project"
+    uri = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}"
+    result = run_flow("train_charlm", TINY, project, env={"MLFLOW_TRACKING_URI": uri})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "MLflow tracking server http://alice:***@127.0.0.1:" in result.stderr, output[-3000:]
+    assert_clean(output, "flow output")
+    records = prefect_records(project)
+    [flow_run] = records["flow_runs"]
+    assert flow_run["state"]["type"] == "FAILED"
+    assert "MLflow tracking server http://alice:***@" in flow_run["state"]["message"]
+    assert any("alice:***@" in log["message"] for log in records["logs"]), "the error was logged"
+    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
+    assert_no_file_holds_a_secret(project)
+
+
 @pytest.fixture
 def missing_file_server() -> Iterator[int]:
     """Answers 404 to everything, on 127.0.0.1."""
