@@ -5,17 +5,16 @@ a link out of the folder: the real listing must name all three within 2 minutes.
 
 from __future__ import annotations
 
-import io
 import os
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from ddpflow.batching import MAX_SEED
 from infra.services import free_port
 from tests.integration.conftest import run_flow
+from tests.pngs import png
 
 pytestmark = pytest.mark.integration
 # One worker is enough to reach the checks; a loaded machine needs longer than Prefect's
@@ -102,21 +101,15 @@ def test_unreachable_dask_address_stops_the_flow_before_any_task(project: Path) 
     assert "Task run" not in stderr, stderr[-3000:]
 
 
-def _png(value: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("L", (6, 4), value).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
 def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path) -> None:
     root = project / "inputs" / "images"
     for label in ("cat", "dog"):
         (root / label).mkdir(parents=True)
         for i in range(4):
-            (root / label / f"{i}.png").write_bytes(_png(30 * i + 5))
+            (root / label / f"{i}.png").write_bytes(png(30 * i + 5))
     os.mkfifo(root / "cat" / "fifo.png")
     os.symlink("/dev/zero", root / "cat" / "zero.png")
-    (project / "inputs" / "private.png").write_bytes(_png(1))
+    (project / "inputs" / "private.png").write_bytes(png(1))
     os.symlink(project / "inputs" / "private.png", root / "dog" / "escape.png")
     args = ["--source", str(root), "--max-bad-fraction", "0", "--image-size", "8"]
     keys = ("cat/fifo.png", "cat/zero.png", "dog/escape.png")

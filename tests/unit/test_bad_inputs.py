@@ -8,7 +8,6 @@ them through `python -m flows.<name>` to prove the wiring.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable
@@ -17,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image
 
 from ddpflow.batching import MAX_SEED
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH, CorpusError
@@ -27,6 +25,7 @@ from ddpflow.preflight import PreflightError, check_artifact_store, check_tracki
 from ddpflow.vision.data import ImageSpec, format_image_folder
 from ddpflow.vision.image_folder import DatasetError
 from flows.params import CharLMParams, ImageParams, ParameterError, SweepParams, validate_params
+from tests.pngs import png
 from tests.unit.test_flow_params import VALID as CHARLM
 from tests.unit.test_sweep_params import VALID as SWEEP
 from tests.unit.test_vision_params import VALID as IMAGES
@@ -41,12 +40,6 @@ class Case:
     error: type[Exception]
     names: str  # how the message names the bad input
     fix: str  # what the message tells the user to do
-
-
-def png(value: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("L", (6, 4), value).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def image_folder(root: Path, classes: dict[str, list[bytes]]) -> str:
