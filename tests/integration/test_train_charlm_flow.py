@@ -218,7 +218,8 @@ def test_bad_source_fails_fast_naming_the_source(tmp_path, content, expected):
     result = run_flow("train_charlm", ["--source", str(source), *TINY], tmp_path / "project")
     assert result.returncode == 1
     assert str(source) in result.stderr and expected in result.stderr, result.stderr[-2000:]
-    assert time.monotonic() - started < 90
+    # Generous: Prefect's temporary API server alone took over 90 s on a loaded 2-core box.
+    assert time.monotonic() - started < 240
     assert not (tmp_path / "project" / "artifacts" / "data").exists(), "nothing is written"
 
 
