@@ -69,9 +69,12 @@ def run_charlm_pipeline(
     corpus = format_training_data.submit(
         raw.uri, settings.artifact_root, params.holdout_fraction
     ).result()
+    # Say so when a rerun skipped the work, as the image flow does.
+    reused = [what for what, hit in (("raw copy", raw.reused), ("tensors", corpus.reused)) if hit]
     print(
         f"corpus: {corpus.num_train_names} train / {corpus.num_val_names} holdout names, "
         f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
+        + (f" ({' and '.join(reused)} reused)" if reused else "")
     )
     datasets = corpus_datasets(corpus, params.source)
     run_name, identity_tags = run_identity(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import shutil
 import subprocess
@@ -15,9 +16,11 @@ from pathlib import Path
 import distributed
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
 from ddpflow.cluster import local_cluster
 from tests.integration.charlm_runs import TINY, final_weights
+from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +32,14 @@ def dask_client() -> Iterator[distributed.Client]:
     with local_cluster(2) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
         yield client
+
+
+@pytest.fixture(scope="module")
+def moto(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[str]:
+    """A moto S3 server for the module, with the bucket its BUCKET constant names."""
+    buckets = (request.module.BUCKET,) if hasattr(request.module, "BUCKET") else ()
+    with moto_server(tmp_path_factory.mktemp("moto"), buckets=buckets) as endpoint:
+        yield endpoint
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +98,71 @@ def project_env(project: Path) -> dict[str, str]:
     )
     env.pop("DDPFLOW_DASK_ADDRESS", None)
     return env
+
+
+def tiny_charlm(epochs: int, **overrides: object) -> list[str]:
+    """Command-line options of a pet-name training small enough for a test: one LSTM layer of
+    16, batches of 4096; `overrides` (e.g. keep_last=2) add or replace options."""
+    options: dict[str, object] = {
+        "epochs": epochs,
+        "hidden_size": 16,
+        "num_layers": 1,
+        "batch_size": 4096,
+        **overrides,
+    }
+    return [item for k, v in options.items() for item in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def project_tracking(project: Path) -> MlflowClient:
+    """An MLflow client on the project's own SQLite store (project_env's)."""
+    return MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+
+
+def prefect_cli(
+    project: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 180
+) -> subprocess.CompletedProcess[str]:
+    """`prefect ARGS...` on the project's Prefect database, e.g. ("flow-run", "inspect", id)."""
+    return subprocess.run(
+        [sys.executable, "-m", "prefect", *args],
+        cwd=project,
+        env={**project_env(project), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+# Prefect's records read back through its client (the API, not the database file).
+READ_RECORDS = """
+import json
+from prefect.client.orchestration import get_client
+
+with get_client(sync_client=True) as client:
+    records = {
+        "flow_runs": [r.model_dump(mode="json") for r in client.read_flow_runs()],
+        "task_runs": [r.model_dump(mode="json") for r in client.read_task_runs()],
+        "logs": [r.model_dump(mode="json") for r in client.read_logs()],
+        "artifacts": [r.model_dump(mode="json") for r in client.read_artifacts()],
+    }
+print(json.dumps(records))
+"""
+
+
+def prefect_records(project: Path) -> dict:
+    """Every flow run, task run (with its state and message), log and artifact in the
+    project's Prefect database."""
+    result = subprocess.run(
+        [sys.executable, "-c", READ_RECORDS],
+        cwd=project,
+        env=project_env(project),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def run_flow(

@@ -7,6 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import boto3
+import pytest
+import s3fs
 
 from infra.services import Service, create_bucket, free_port, start_mlflow, start_moto, stop
 
@@ -22,6 +24,44 @@ def s3_env(endpoint: str) -> dict[str, str]:
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "AWS_DEFAULT_REGION": "us-east-1",
     }
+
+
+def use_s3(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """This test process talks to `endpoint` with the test keys (s3_env)."""
+    for key, value in s3_env(endpoint).items():
+        monkeypatch.setenv(key, value)
+
+
+# No AWS credential anywhere botocore looks: keys, profile, files, instance metadata.
+NO_AWS_CREDENTIALS = {
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/aws-credentials",
+    "AWS_CONFIG_FILE": "/nonexistent/aws-config",
+    "AWS_EC2_METADATA_DISABLED": "true",  # no 1-2 s wait for an instance role
+}
+AWS_KEY_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+)
+
+
+@contextmanager
+def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """This process has no AWS credential while the block runs.
+
+    s3fs's cached filesystems are dropped before and after: fsspec hands back a filesystem
+    made with the same options, whatever credentials it was made with.
+    """
+    for key in AWS_KEY_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    for key, value in NO_AWS_CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        yield
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def s3_client(endpoint: str):

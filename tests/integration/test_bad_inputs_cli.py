@@ -5,16 +5,16 @@ a link out of the folder: the real listing must name all three within 2 minutes.
 
 from __future__ import annotations
 
-import io
 import os
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from ddpflow.batching import MAX_SEED
+from infra.services import free_port
 from tests.integration.conftest import run_flow
+from tests.pngs import png
 
 pytestmark = pytest.mark.integration
 # One worker is enough to reach the checks; a loaded machine needs longer than Prefect's
@@ -39,12 +39,18 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _fails_naming(module: str, args: list[str], project: Path, *expected: str) -> str:
+def _fails_naming(
+    module: str,
+    args: list[str],
+    project: Path,
+    *expected: str,
+    env: dict[str, str] | None = None,
+) -> str:
     """Run the flow, check its failure line and the store; return its stderr."""
     before = _stored(project)
     # Generous: Prefect's API server and the Dask cluster alone take a minute when other
     # work shares the 2 cores; the flow's own time is checked where it matters.
-    result = run_flow(module, args, project, timeout_s=300, env=ENV)
+    result = run_flow(module, args, project, timeout_s=300, env={**ENV, **(env or {})})
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     # The CLI's one line; Prefect's shutdown logs may follow it.
     lines = [line for line in result.stderr.splitlines() if line.startswith("ddpflow: ")]
@@ -79,10 +85,20 @@ def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path) -> Non
     )
 
 
-def _png(value: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("L", (6, 4), value).save(buffer, format="PNG")
-    return buffer.getvalue()
+# README "Configuration": pre-flight stops an unreachable cluster before any work. (The
+# store and tracking rows of pre-flight are in tests/unit/test_bad_inputs.py, test_s3.py.)
+def test_unreachable_dask_address_stops_the_flow_before_any_task(project: Path) -> None:
+    address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    stderr = _fails_naming(
+        "train_charlm",
+        ["--epochs", "1"],
+        project,
+        f"Dask scheduler {address} is not reachable",
+        "Start it or fix DDPFLOW_DASK_ADDRESS",
+        env={"DDPFLOW_DASK_ADDRESS": address},
+    )
+    # Pre-flight is the flow's first step: no task (download, format, train) ever ran.
+    assert "Task run" not in stderr, stderr[-3000:]
 
 
 def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path) -> None:
@@ -90,10 +106,10 @@ def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path) -> No
     for label in ("cat", "dog"):
         (root / label).mkdir(parents=True)
         for i in range(4):
-            (root / label / f"{i}.png").write_bytes(_png(30 * i + 5))
+            (root / label / f"{i}.png").write_bytes(png(30 * i + 5))
     os.mkfifo(root / "cat" / "fifo.png")
     os.symlink("/dev/zero", root / "cat" / "zero.png")
-    (project / "inputs" / "private.png").write_bytes(_png(1))
+    (project / "inputs" / "private.png").write_bytes(png(1))
     os.symlink(project / "inputs" / "private.png", root / "dog" / "escape.png")
     args = ["--source", str(root), "--max-bad-fraction", "0", "--image-size", "8"]
     keys = ("cat/fifo.png", "cat/zero.png", "dog/escape.png")

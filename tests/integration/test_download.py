@@ -14,10 +14,12 @@ import pytest
 from ddpflow import storage
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus
+from tests.integration.s3_servers import s3_client, without_aws_credentials
 
 pytestmark = pytest.mark.integration
 BODY = DEFAULT_CORPUS_PATH.read_bytes()
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"  # distinctive, so a leak cannot be a coincidence
+BUCKET = "ddpflow-public"  # the conftest's `moto` fixture creates it
 
 
 class FlakyServer(ThreadingHTTPServer):
@@ -103,7 +105,10 @@ def _all_text(error: BaseException, caplog: pytest.LogCaptureFixture) -> str:
 def test_credentials_of_a_missing_source_appear_in_no_message(server, tmp_path, caplog):
     port = server.server_address[1]
     url = f"http://alice:{PASSWORD}@127.0.0.1:{port}/missing.json?key={KEY}#frag"
-    with caplog.at_level(logging.INFO), pytest.raises(FileNotFoundError) as info:
+    with (
+        caplog.at_level(logging.INFO),
+        pytest.raises(FileNotFoundError, match=r"source 'http://alice:\*\*\*@") as info,
+    ):
         fetch_corpus(url, str(tmp_path))
     assert f"http://alice:***@127.0.0.1:{port}/missing.json?key=***" in str(info.value)
     shown = _all_text(info.value, caplog)
@@ -113,7 +118,10 @@ def test_credentials_of_a_missing_source_appear_in_no_message(server, tmp_path, 
 @pytest.mark.parametrize("server", [{"failures": 99}], indirect=True)
 def test_credentials_appear_in_no_retry_warning_nor_final_error(server, tmp_path, caplog):
     url = f"http://alice:{PASSWORD}@127.0.0.1:{server.server_address[1]}/names.json?sig={KEY}"
-    with caplog.at_level(logging.INFO), pytest.raises(OSError) as info:
+    with (
+        caplog.at_level(logging.INFO),
+        pytest.raises(OSError, match=r"could not be read .*503") as info,
+    ):
         fetch_corpus(url, str(tmp_path))
     assert [s for _, _, s in server.requests].count(503) >= 2, "transient errors were retried"
     assert "retry 1/" in caplog.text and "alice:***@" in caplog.text
@@ -135,3 +143,19 @@ def test_http_credentials_come_from_netrc(server, tmp_path, monkeypatch):
     netrc.write_text(f"machine 127.0.0.1 login alice password {PASSWORD}\n")
     copy = fetch_corpus(url, str(tmp_path / "store"))
     assert storage.read_bytes(copy.uri) == BODY
+
+
+# README "Configuration": a public s3:// source is read anonymously when no key is set.
+def test_public_s3_source_is_read_anonymously_without_any_credential(moto, tmp_path, monkeypatch):
+    """A public-read object on moto, which refuses anonymous reads of private objects: the
+    read goes out unsigned (no NoCredentialsError) and is allowed because it is public."""
+    s3 = s3_client(moto)
+    s3.put_object(Bucket=BUCKET, Key="pets/names.json", Body=BODY, ACL="public-read")
+    s3.put_object(Bucket=BUCKET, Key="private/names.json", Body=BODY)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with without_aws_credentials(monkeypatch):
+        copy = fetch_corpus(f"s3://{BUCKET}/pets/names.json", str(tmp_path))
+        with pytest.raises(PermissionError, match="Forbidden"):  # anonymous indeed
+            fetch_corpus(f"s3://{BUCKET}/private/names.json", str(tmp_path))
+    assert storage.read_bytes(copy.uri) == BODY and not copy.reused

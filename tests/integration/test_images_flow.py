@@ -15,24 +15,23 @@ import mlflow
 import numpy as np
 import pytest
 import torch
-from mlflow.tracking import MlflowClient
 
 from ddpflow.vision.digits import write_digits
 from ddpflow.vision.reports import read_confusion_csv
 from ddpflow.vision.split import num_held_out
-from tests.integration.conftest import run_flow
+from tests.integration.conftest import project_tracking, run_flow
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
     list_keys,
-    moto_server,
     s3_client,
     s3_env,
+    use_s3,
 )
 
 pytestmark = pytest.mark.integration
 
-BUCKET = "ddpflow-images"
+BUCKET = "ddpflow-images"  # the conftest's `moto` fixture creates it
 EPOCHS = 3
 # Measured on 2 CPU cores: 0.936-0.939 after 3 epochs, 0.91 after 2 (chance is 0.10).
 MIN_VAL_ACCURACY = 0.8
@@ -58,18 +57,11 @@ CORRUPT_KEY = "artifacts/data/digits/3/corrupt.png"
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory) -> str:
-    with moto_server(tmp_path_factory.mktemp("moto"), buckets=(BUCKET,)) as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
 def digits(moto) -> str:
     """The digits folder where the flow's default source looks, plus one corrupt PNG."""
     root = f"s3://{BUCKET}/artifacts/data/digits"
     with pytest.MonkeyPatch.context() as patch:
-        for key, value in s3_env(moto).items():
-            patch.setenv(key, value)
+        use_s3(patch, moto)
         write_digits(root)
     s3_client(moto).put_object(Bucket=BUCKET, Key=CORRUPT_KEY, Body=b"\x89PNG\r\n not really")
     return root
@@ -85,7 +77,7 @@ def trained(moto, digits, tmp_path_factory) -> dict:
     result = run_flow("train_images", ARGS, project, timeout_s=480, env=_env(moto, "artifacts"))
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-6000:]
-    client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
+    client = project_tracking(project)
     runs = client.search_runs([client.get_experiment_by_name("ddpflow-images").experiment_id])
     assert len(runs) == 1
     return {"output": output, "client": client, "run": runs[0], "keys": list_keys(moto, BUCKET)}
@@ -204,6 +196,6 @@ def test_single_class_folder_fails_before_training_and_writes_no_run(moto, tmp_p
     assert result.returncode == 1, result.stdout[-3000:]
     assert f"{source} has only one class folder ('7')" in result.stderr, result.stderr[-3000:]
     assert list_keys(moto, BUCKET, "single/") == []
-    tracking = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    tracking = project_tracking(tmp_path)
     experiment = tracking.get_experiment_by_name("ddpflow-images")
     assert experiment is None or not tracking.search_runs([experiment.experiment_id])

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
+import json
 import time
 
 import pytest
@@ -14,36 +13,22 @@ from mlflow.tracking import MlflowClient
 
 from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
 from infra.services import free_port
-from tests.integration.conftest import project_env, run_flow
+from tests.integration.conftest import prefect_cli, prefect_records, run_flow, tiny_charlm
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
     list_keys,
     mlflow_server,
     moto_server,
+    s3_client,
     s3_env,
+    use_s3,
+    without_aws_credentials,
 )
 
 pytestmark = pytest.mark.integration
-BUCKET = "ddpflow-it"
-TINY = [
-    "--epochs",
-    "2",
-    "--hidden-size",
-    "16",
-    "--num-layers",
-    "1",
-    "--batch-size",
-    "4096",
-    "--keep-last",
-    "2",
-]
-
-
-@pytest.fixture(scope="module")
-def moto(tmp_path_factory) -> str:
-    with moto_server(tmp_path_factory.mktemp("moto"), buckets=(BUCKET,)) as endpoint:
-        yield endpoint
+BUCKET = "ddpflow-it"  # the conftest's `moto` fixture creates it
+TINY = tiny_charlm(2, keep_last=2)
 
 
 @pytest.fixture(scope="module")
@@ -62,20 +47,8 @@ def s3_run(moto, tmp_path_factory) -> dict:
         client = MlflowClient(server.url)
         run = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])[0]
         history = client.get_metric_history(run.info.run_id, "val_loss")
-        flow_run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "prefect",
-                "flow-run",
-                "inspect",
-                run.data.tags["prefect.flow_run_id"],
-            ],
-            env={**project_env(project), **env},
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
+        flow_run = prefect_cli(
+            project, "flow-run", "inspect", run.data.tags["prefect.flow_run_id"], env=env
         )
         yield {
             "output": result.stdout + result.stderr,
@@ -83,6 +56,8 @@ def s3_run(moto, tmp_path_factory) -> dict:
             "val_loss": history,
             "flow_run": flow_run.stdout + flow_run.stderr,
             "flow_run_rc": flow_run.returncode,
+            # Every flow run, task run (states and their messages), log and artifact.
+            "prefect_records": json.dumps(prefect_records(project)),
             "keys": list_keys(moto, BUCKET),
         }
 
@@ -99,8 +74,7 @@ def test_data_checkpoints_and_reports_are_objects_in_the_bucket(s3_run):
 
 
 def test_checkpoint_loads_from_s3_with_weights_only(s3_run, moto, monkeypatch):
-    for key, value in s3_env(moto).items():
-        monkeypatch.setenv(key, value)
+    use_s3(monkeypatch, moto)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     path = f"{BUCKET}/artifacts/runs/{s3_run['run'].info.run_id}/checkpoints/epoch-0002.pt"
     with fs.open(path, "rb") as f:
@@ -116,18 +90,19 @@ def test_mlflow_server_keeps_model_and_checkpoints_in_s3(s3_run):
     assert [m.step for m in s3_run["val_loss"]] == [1, 2]
 
 
+# README "Credentials": no key reaches a log, a Prefect record, MLflow or an object.
 def test_credentials_appear_nowhere(s3_run, moto):
+    # A failed inspect prints an error, which contains no secret either: check it worked.
+    assert s3_run["flow_run_rc"] == 0, s3_run["flow_run"][-3000:]
+    assert "parameters" in s3_run["flow_run"].lower(), s3_run["flow_run"][-3000:]
+    assert "charlm-evaluation" in s3_run["prefect_records"], "the artifacts were read"
     run = s3_run["run"]
     recorded = " ".join([*run.data.params.values(), *run.data.tags.values()])
     for secret in (SECRET_KEY, ACCESS_KEY):
         assert secret not in s3_run["output"], "flow logs"
         assert secret not in recorded, "MLflow params/tags"
         assert secret not in s3_run["flow_run"], "Prefect flow run and its parameters"
-    # A failed inspect prints an error, which contains no secret either: check it worked.
-    assert s3_run["flow_run_rc"] == 0, s3_run["flow_run"][-3000:]
-    assert "Parameters" in s3_run["flow_run"] or "parameters" in s3_run["flow_run"]
-    from tests.integration.s3_servers import s3_client
-
+        assert secret not in s3_run["prefect_records"], "Prefect runs, states, logs, artifacts"
     s3 = s3_client(moto)
     assert s3_run["keys"], "the bucket holds the run's objects"
     for key in s3_run["keys"]:  # every object: data, checkpoints, reports, MLflow's
@@ -143,8 +118,7 @@ def _assert_fast_failure(check, match: str) -> None:
 
 
 def test_missing_bucket_fails_preflight_and_writes_nothing(moto, monkeypatch):
-    for key, value in s3_env(moto).items():
-        monkeypatch.setenv(key, value)
+    use_s3(monkeypatch, moto)
     before = list_keys(moto, BUCKET)
     _assert_fast_failure(
         lambda: check_artifact_store("s3://no-such-bucket-xyz/run"),
@@ -157,12 +131,35 @@ def test_wrong_credentials_fail_preflight_with_an_access_message(tmp_path, monke
     """A second moto server with authentication on: unknown keys are refused (403)."""
     monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
     with moto_server(tmp_path) as endpoint:
-        for key, value in s3_env(endpoint).items():
-            monkeypatch.setenv(key, value)
+        use_s3(monkeypatch, endpoint)
         _assert_fast_failure(
             lambda: check_artifact_store(f"s3://{BUCKET}/run"),
             "Access denied: check AWS_ACCESS_KEY_ID",
         )
+
+
+# README "Configuration": pre-flight names a missing credential and its fix, writing nothing.
+def test_no_aws_credentials_fail_preflight_naming_the_variables(moto, monkeypatch):
+    use_s3(monkeypatch, moto)
+    before = list_keys(moto, BUCKET)
+    with without_aws_credentials(monkeypatch):
+        _assert_fast_failure(
+            lambda: check_artifact_store(f"s3://{BUCKET}/no-keys"),
+            r"artifact store s3://ddpflow-it/no-keys: .*NoCredentialsError.* No AWS "
+            "credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+        )
+    assert list_keys(moto, BUCKET) == before
+
+
+# README "Configuration": pre-flight names an unreachable S3 endpoint and its setting.
+def test_unreachable_s3_endpoint_fails_preflight_naming_the_setting(monkeypatch):
+    endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    use_s3(monkeypatch, endpoint)
+    _assert_fast_failure(
+        lambda: check_artifact_store(f"s3://{BUCKET}/run"),
+        rf"artifact store s3://ddpflow-it/run: .* The S3 endpoint at {endpoint} "
+        r"\(AWS_ENDPOINT_URL_S3\) is unreachable: check AWS_ENDPOINT_URL_S3",
+    )
 
 
 def test_unreachable_mlflow_fails_in_seconds_naming_the_setting():
@@ -189,8 +186,7 @@ def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypat
     from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
     from ddpflow.checkpoint import CheckpointStore, build_state
 
-    for key, value in s3_env(moto).items():
-        monkeypatch.setenv(key, value)
+    use_s3(monkeypatch, moto)
     model = CharLSTM(CharLSTMConfig(hidden_size=8, num_layers=1))
     optimizer = torch.optim.Adam(model.parameters())
     store = CheckpointStore(f"s3://{BUCKET}/interrupted-{time.time_ns()}", keep_last=3)
@@ -205,7 +201,7 @@ def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypat
         return await original(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", drop_epoch_3)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="connection dropped mid-upload"):
         store.save(build_state(model, optimizer, 3, model.config.to_dict()))
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", original)
 

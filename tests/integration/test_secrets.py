@@ -21,26 +21,18 @@ from pathlib import Path
 import pytest
 
 from ddpflow.preflight import PreflightError, check_tracking
-from tests.integration.conftest import project_env, run_flow
+from tests.integration.conftest import (
+    READ_RECORDS,
+    prefect_records,
+    project_env,
+    run_flow,
+    tiny_charlm,
+)
 
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
-TINY = ["--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "4096"]
-
-READ_RECORDS = """
-import json
-from prefect.client.orchestration import get_client
-
-with get_client(sync_client=True) as client:
-    records = {
-        "flow_runs": [r.model_dump(mode="json") for r in client.read_flow_runs()],
-        "task_runs": [r.model_dump(mode="json") for r in client.read_task_runs()],
-        "logs": [r.model_dump(mode="json") for r in client.read_logs()],
-        "artifacts": [r.model_dump(mode="json") for r in client.read_artifacts()],
-    }
-print(json.dumps(records))
-"""
+TINY = tiny_charlm(1)
 
 # A flow of its own (no parameters) that hands the download task a source with credentials:
 # the task's error, its state and the flow's state must not repeat them.
@@ -74,21 +66,6 @@ def assert_clean(text: str, where: str) -> None:
     assert PASSWORD not in text and KEY not in text, f"{where}: {text[-3000:]}"
 
 
-def prefect_records(project: Path) -> dict:
-    """Every flow run, task run, log and artifact in the project's Prefect database."""
-    result = subprocess.run(
-        [sys.executable, "-c", READ_RECORDS],
-        cwd=project,
-        env={**project_env(project)},
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
 def assert_no_file_holds_a_secret(project: Path) -> None:
     files = [p for p in project.rglob("*") if p.is_file()]
     assert any(p.name.startswith("prefect.db") for p in files), "Prefect's database was searched"
@@ -114,6 +91,26 @@ def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path
     assert flow_run["parameters"]["source"].startswith("http://alice:***@127.0.0.1:")
     assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
     assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
+
+
+# README "Credentials": every error shows URIs redacted, in the terminal and in Prefect.
+def test_tracking_uri_credentials_stay_out_of_the_error_text_and_its_records(tmp_path):
+    """The error text names the tracking URI (its user:password@ included) and Prefect keeps
+    it as the flow run's state message and in its logs."""
+    project = tmp_path / "project"
+    uri = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}"
+    result = run_flow("train_charlm", TINY, project, env={"MLFLOW_TRACKING_URI": uri})
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "MLflow tracking server http://alice:***@127.0.0.1:" in result.stderr, output[-3000:]
+    assert_clean(output, "flow output")
+    records = prefect_records(project)
+    [flow_run] = records["flow_runs"]
+    assert flow_run["state"]["type"] == "FAILED"
+    assert "MLflow tracking server http://alice:***@" in flow_run["state"]["message"]
+    assert any("alice:***@" in log["message"] for log in records["logs"]), "the error was logged"
+    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
+    assert_no_file_holds_a_secret(project)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ them through `python -m flows.<name>` to prove the wiring.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 from collections.abc import Callable
@@ -17,15 +16,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PIL import Image
 
 from ddpflow.batching import MAX_SEED
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH, CorpusError
 from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.config import ConfigError, Settings
+from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
 from ddpflow.vision.data import ImageSpec, format_image_folder
 from ddpflow.vision.image_folder import DatasetError
 from flows.params import CharLMParams, ImageParams, ParameterError, SweepParams, validate_params
+from tests.pngs import png
 from tests.unit.test_flow_params import VALID as CHARLM
 from tests.unit.test_sweep_params import VALID as SWEEP
 from tests.unit.test_vision_params import VALID as IMAGES
@@ -40,12 +40,6 @@ class Case:
     error: type[Exception]
     names: str  # how the message names the bad input
     fix: str  # what the message tells the user to do
-
-
-def png(value: int) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("L", (6, 4), value).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def image_folder(root: Path, classes: dict[str, list[bytes]]) -> str:
@@ -105,6 +99,17 @@ def _sparse(size: int) -> Callable[[Path], None]:
     return write
 
 
+def root_under_a_file(project: Path) -> Any:
+    """An artifact root nobody can create: a file sits where its parent folder would be
+    (chmod would not do: the tests run as root, for whom every mode is writable)."""
+    blocker = project / "inputs" / "not-a-folder"
+    blocker.write_text("a file")
+    try:
+        return check_artifact_store(str(blocker / "artifacts"))
+    finally:
+        blocker.unlink()
+
+
 GOOD, BAD = [png(10), png(20), png(30)], b"\x89PNG not an image"
 CASES = [
     # train-charlm parameters
@@ -149,6 +154,13 @@ CASES = [
          ConfigError, "DDPFLOW_HEAL_TIMEOUT_S='inf'", "e.g. 120"),
     Case("rank-resources-zero", settings(DDPFLOW_RANK_RESOURCES='{"GPU": 0}'),
          ConfigError, "DDPFLOW_RANK_RESOURCES", 'e.g. {"GPU": 1}'),
+    # pre-flight, the first step of every flow (flows/preflight.py); the Dask address and
+    # S3 rows are in tests/integration/test_bad_inputs_cli.py and test_s3.py
+    Case("preflight-root-unwritable", root_under_a_file,
+         PreflightError, "not-a-folder is not a writable folder", "set DDPFLOW_ARTIFACT_ROOT"),
+    Case("preflight-sqlite-folder-missing",
+         lambda p: check_tracking(f"sqlite:///{p / 'no-such-folder' / 'mlflow.db'}"),
+         PreflightError, "no-such-folder does not exist", "Create it or set MLFLOW_TRACKING_URI"),
     # the pet-name source (train-charlm and sweep-charlm)
     Case("source-missing", lambda p: fetch_corpus(str(p / "nope.json"), str(p / "artifacts")),
          FileNotFoundError, "nope.json", "pass source= a local path"),

@@ -1,7 +1,6 @@
 """The char LSTM's shapes and loss, and batched name sampling."""
 
 import warnings
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,15 +10,7 @@ from ddpflow.charlm.model import CharLSTM, CharLSTMConfig, LogitsOnly
 from ddpflow.charlm.sampling import MAX_NAME_LEN, generate_names
 from ddpflow.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    # Tiny tensors gain nothing from intra-op threads, and on a busy machine the thread pool
-    # makes these tests many times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 NAME_CHARS = set(CHARACTERS) - {"*", "+"}

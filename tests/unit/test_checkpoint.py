@@ -15,15 +15,7 @@ from ddpflow import storage
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.checkpoint import POINTER_NAME, CheckpointStore, build_state, encode, unwrap
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    # Tiny tensors gain nothing from intra-op threads, and on a busy machine the thread pool
-    # makes these tests many times slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
 
 CONFIG = CharLSTMConfig(hidden_size=8, num_layers=2)
@@ -244,7 +236,7 @@ def test_failing_write_bytes_keeps_previous_latest(
         real_write(uri, data)
 
     monkeypatch.setattr(storage, "write_bytes", failing_write)
-    with pytest.raises(ConnectionError):
+    with pytest.raises(ConnectionError, match="upload cut off"):
         store.save(small_state(3))
     assert store.latest_uri() == store.uri_for(2)
     assert store.load()["epoch"] == 2
@@ -310,7 +302,7 @@ def test_write_bytes_half_write_leaves_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(storage, "open", HalfWriteFile, raising=False)
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="disk went away"):
         storage.write_bytes(str(tmp_path / "x.bin"), b"0123456789")
     monkeypatch.undo()
     assert os.listdir(tmp_path) == []

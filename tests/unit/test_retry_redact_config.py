@@ -90,7 +90,7 @@ def test_permanent_errors_are_not_retried(error: BaseException) -> None:
 def test_single_attempt_does_not_retry() -> None:
     delays: list[float] = []
     fn = Flaky(ConnectionError("once"))
-    with pytest.raises(ConnectionError):
+    with pytest.raises(ConnectionError, match="once"):
         retry_call(fn, what="x", attempts=1, sleep=delays.append)
     assert fn.calls == 1 and delays == []
 

@@ -116,7 +116,7 @@ def test_one_panel_per_trial_wraps_at_four_columns() -> None:
 
 
 def test_plotting_nothing_is_an_error() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no trials to plot"):
         loss_panels_png([], "epoch")
 
 

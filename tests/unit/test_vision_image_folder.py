@@ -14,12 +14,7 @@ from torchvision.datasets import ImageFolder
 from ddpflow.vision.data import ImageSpec, format_image_folder, load_split
 from ddpflow.vision.digits import MARKER, digits_pngs, ensure_digits
 from ddpflow.vision.image_folder import DatasetError, list_image_folder
-
-
-def png(value: int = 128, size: tuple[int, int] = (6, 4), mode: str = "L") -> bytes:
-    buffer = io.BytesIO()
-    Image.new(mode, size, value).save(buffer, format="PNG")
-    return buffer.getvalue()
+from tests.pngs import png
 
 
 def make_folder(root: Path, files: dict[str, bytes]) -> Path:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import resource
@@ -13,11 +12,11 @@ from pathlib import Path
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
-from PIL import Image
 
 from ddpflow.vision.data import MANIFEST, ImageSpec, format_image_folder
 from ddpflow.vision.image_folder import DatasetError, list_image_folder
 from ddpflow.vision.objects import ImageReadError
+from tests.pngs import png
 
 REPO = Path(__file__).resolve().parents[2]
 SPECIAL = ["cat/fifo.png", "cat/zero.png", "dog/escape.png"]
@@ -33,12 +32,6 @@ try:
 except Exception as error:
     print(json.dumps({"error": f"{type(error).__name__}: {error}"}))
 """
-
-
-def png(value: int = 128, size: tuple[int, int] = (6, 4)) -> bytes:
-    buffer = io.BytesIO()
-    Image.new("L", size, value).save(buffer, format="PNG")
-    return buffer.getvalue()
 
 
 def two_classes(root: Path, per_class: int = 4) -> Path:

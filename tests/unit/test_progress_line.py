@@ -1,0 +1,92 @@
+"""Rank 0's progress lines in the flow's log: one per epoch, and within a long epoch one
+every 30 s. fit() runs for real on one rank; only its clock is fake (a step "takes" 7 s),
+so the 30-second rule is checked without waiting 30 s."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ddpflow import train_loop
+from ddpflow.distributed.context import RankContext
+from ddpflow.train_loop import FitPlan, fit
+
+STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
+
+
+class Reporting(RankContext):
+    """A single rank whose report() lines are kept (in a Dask worker they are events)."""
+
+    lines: list[str]
+
+    def report(self, message: str) -> None:
+        self.lines.append(message)
+
+
+class NoLog:
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+
+class Linear(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(2, 2)
+
+    def forward(self, x, targets=None):
+        logits = self.layer(x)
+        return logits, F.cross_entropy(logits, targets)
+
+
+def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[str]:
+    clock = SimpleNamespace(now=0.0)
+    # Only the progress clock is faked; perf_counter (epoch times) stays real.
+    fake_time = SimpleNamespace(monotonic=lambda: clock.now, perf_counter=time.perf_counter)
+    monkeypatch.setattr(train_loop, "time", fake_time)
+    torch.manual_seed(0)
+    data = torch.randn(48, 2)
+
+    def to_batch(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        clock.now += seconds_per_step  # one batch per training step
+        return data[index], (data[index, 0] > 0).long()
+
+    ctx = Reporting(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    object.__setattr__(ctx, "lines", [])  # a frozen dataclass
+    model = Linear()
+    fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.arange(48),
+        torch.arange(4),
+        to_batch,
+        ctx,
+        NoLog(),
+        lambda epoch: None,
+        FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
+    )
+    return ctx.lines
+
+
+# README "The pipeline" (train): a line per epoch, and within a long epoch one every 30 s.
+def test_a_long_epoch_reports_every_30_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = run_fit(monkeypatch, seconds_per_step=7)
+    # 7 s a step: 35 s after the start (step 5), then 35 s later (step 10); each epoch's
+    # line restarts the wait.
+    steps = [line.split(": step ")[1].split(" ")[0] for line in lines if ": step " in line]
+    assert steps == ["5/12", "10/12", "5/12", "10/12"], lines
+    assert [line.split(" done")[0] for line in lines if " done:" in line] == [
+        "epoch 1/2",
+        "epoch 2/2",
+    ]
+    assert "epoch 1/2: step 5/12 (42 %), train loss " in lines[0], lines
+
+
+def test_a_short_epoch_reports_only_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    lines = run_fit(monkeypatch, seconds_per_step=2)  # 24 s per epoch: under 30 s
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/2 done", "epoch 2/2 done"], lines
