@@ -6,6 +6,7 @@ ddpflow.cluster) and DDPFLOW_CLUSTER_OPTIONS (JSON) is passed through to its cla
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -22,6 +23,7 @@ from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
 from ddpflow.distributed import cluster_workers
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
+log = logging.getLogger(__name__)
 
 
 class PlacingDaskTaskRunner(DaskTaskRunner):
@@ -48,6 +50,20 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
         placement = task_placement(cluster_workers(self.client))
         with _flow_api_for_workers(), dask.annotate(**placement):
             return super().submit(task, parameters, wait_for, dependencies)
+
+    def __exit__(self, *args: Any) -> None:
+        """Close the client and the cluster; a close that times out is logged, not raised.
+
+        On a loaded machine a LocalCluster's workers can take longer to exit than its close
+        waits (the nanny kills them after its own grace). By then the flow's result is
+        decided: a slow shutdown must not turn a finished training into a failed run. The
+        exit stack still runs every other close before it reports the timeout.
+        """
+        try:
+            self._exit_stack.__exit__(*args)
+        except TimeoutError as error:
+            log.warning("the Dask cluster did not close within its timeout: %s", error)
+        super(DaskTaskRunner, self).__exit__(*args)  # prefect's TaskRunner: marks it stopped
 
 
 @contextmanager
