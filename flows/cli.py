@@ -75,5 +75,6 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
         return flow(**args)
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback
         # Errors raised by ddpflow are redacted already; a library's may quote a URL.
-        print(f"\nddpflow: {flow.name} failed: {redact_text(str(error))}", file=sys.stderr)
+        reason = redact_text(str(error)) or type(error).__name__  # TimeoutError() says nothing
+        print(f"\nddpflow: {flow.name} failed: {reason}", file=sys.stderr)
         sys.exit(1)
