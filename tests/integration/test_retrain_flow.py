@@ -25,6 +25,8 @@ from tests.unit.champion_helpers import (
 pytestmark = pytest.mark.integration
 MODEL = "retrain-test-model"
 EXPERIMENT = "retrain-test"
+ARTIFACT_ROOT = "DDPFLOW_ARTIFACT_ROOT"
+ONE_WORKER = {"DDPFLOW_DASK_WORKERS": "1"}  # a 1-rank DDP group: what is tested is the rule
 ARGS = [
     "--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "2048",
     "--lr", "0.01", "--num-names", "2", "--max-restarts", "0",
@@ -98,7 +100,7 @@ def test_a_challenger_better_by_less_than_the_margin_is_not_promoted(registry) -
     project, client, champion, _ = registry
     margin = 50.0  # far more than any loss gap here: nats per symbol, ~3.4 for a uniform guess
 
-    result = run_flow("retrain_charlm", [*ARGS, "--margin", str(margin)], project)
+    result = run_flow("retrain_charlm", [*ARGS, "--margin", str(margin)], project, env=ONE_WORKER)
 
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]

@@ -199,7 +199,10 @@ def test_ranking_is_a_prefect_table_artifact(swept) -> None:
 def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) -> None:
     # README "Failures stay local": the sweep fails only if no trial completes.
     trials = json.dumps([{"fail_after_epochs": 1, "epochs": 1}, {"lr": -1}])
-    result = run_flow("sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path)
+    # One worker: the two trials take turns, the crash ends after one epoch.
+    result = run_flow(
+        "sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path, env={"DDPFLOW_DASK_WORKERS": "1"}
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
     assert "no trial completed" in result.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
