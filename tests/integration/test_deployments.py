@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -16,11 +18,19 @@ from mlflow.tracking import MlflowClient
 
 import infra.stack
 from infra.state import client_env
+from tests.integration.prefect_api import (
+    FINAL_STATES,
+    artifacts,
+    flow_run,
+    state_history,
+    wait_for_state,
+)
 from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TINY = {"hidden_size": 32, "num_layers": 1, "batch_size": 2048, "num_names": 5}
+RETRAIN = "retrain-charlm/charlm-retrain-nightly"
 
 
 @pytest.fixture(scope="module")
@@ -69,9 +79,25 @@ def prefect(env: dict[str, str], *args: str, timeout_s: float = 400) -> str:
     return output
 
 
+def _param_flags(params: dict[str, object]) -> list[str]:
+    return [arg for k, v in params.items() for arg in ("--param", f"{k}={v}")]
+
+
 def run_deployment(env: dict[str, str], name: str, **params: object) -> str:
-    flags = [arg for k, v in params.items() for arg in ("--param", f"{k}={v}")]
+    flags = _param_flags(params)
     return prefect(env, "deployment", "run", name, *flags, "--watch", "--watch-timeout", "300")
+
+
+def _time(text: str) -> datetime:
+    return datetime.fromisoformat(text)
+
+
+def start_deployment(env: dict[str, str], name: str, **params: object) -> str:
+    """`prefect deployment run` without --watch: the new flow run's id."""
+    output = prefect(env, "deployment", "run", name, *_param_flags(params))
+    found = re.search(r"UUID: ([0-9a-f-]{36})", output)
+    assert found, output
+    return found.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -131,26 +157,55 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     name = "ddpflow-charlm-retrain"
 
     def retrain(**params: object) -> str:
-        run_deployment(
-            deployed, "retrain-charlm/charlm-retrain-nightly", model_name=name, **TINY, **params
-        )
+        run_deployment(deployed, RETRAIN, model_name=name, **TINY, **params)
         return client.get_model_version_by_alias(name, "champion").version
 
-    first = retrain(epochs=1, lr=0.01)  # no champion yet: promoted
-    assert retrain(epochs=1, lr=0.00001) == first, "a worse challenger leaves champion alone"
+    # The first two start together: the second is the schedule firing while a retrain runs.
+    first_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=0.01, **TINY)
+    wait_for_state(deployed, first_run, {"RUNNING"}, timeout_s=300)
+    worse_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=1e-5, **TINY)
+    # README "Concurrency": a retrain that fires while the previous one runs waits (ENQUEUE).
+    for run_id in (first_run, worse_run):
+        wait_for_state(deployed, run_id, FINAL_STATES, timeout_s=400)
+    first_end = flow_run(deployed, first_run)
+    assert first_end["state"]["type"] == "COMPLETED", first_end["state"]
+    worse_states = state_history(deployed, worse_run)
+    names = [s["name"] for s in worse_states]
+    assert "AwaitingConcurrencySlot" in names, names
+    assert worse_states[-1]["type"] == "COMPLETED", names
+    awaited = min(
+        _time(s["timestamp"]) for s in worse_states if s["name"] == "AwaitingConcurrencySlot"
+    )
+    worse_started = min(_time(s["timestamp"]) for s in worse_states if s["type"] == "RUNNING")
+    first_ended = _time(first_end["end_time"])
+    assert awaited < first_ended <= worse_started, "queued while the first ran, then ran"
+    first = client.get_model_version_by_alias(name, "champion").version
+
     better = retrain(epochs=3, lr=0.01)
     assert better != first, "a better challenger takes the alias"
 
     runs = {
-        r.data.tags.get("ddpflow.retrain.challenger_version"): r
+        r.data.tags["ddpflow.retrain.challenger_version"]: r
         for r in client.search_runs(
             [client.get_experiment_by_name("ddpflow-charlm").experiment_id],
             filter_string="tags.`ddpflow.role` = 'challenger'",
         )
     }
+    assert runs[first].data.tags["prefect.flow_run_id"] == first_run, "promoted, kept"
     assert runs[better].data.tags["ddpflow.retrain.promoted"] == "True"
     worse = next(r for v, r in runs.items() if v not in (first, better))
+    assert worse.data.tags["prefect.flow_run_id"] == worse_run
     assert worse.data.tags["ddpflow.retrain.promoted"] == "False"
-    assert float(worse.data.tags["ddpflow.retrain.challenger_loss"]) > float(
-        worse.data.tags["ddpflow.retrain.champion_loss"]
-    )
+    assert worse.data.tags["ddpflow.retrain.champion_version"] == first
+    challenger_loss = float(worse.data.tags["ddpflow.retrain.challenger_loss"])
+    champion_loss = float(worse.data.tags["ddpflow.retrain.champion_loss"])
+    assert challenger_loss > champion_loss
+
+    # README "Retraining": the decision and both scores are a Prefect markdown artifact.
+    (decision,) = artifacts(deployed, "charlm-retrain-decision", worse_run)
+    markdown = decision["data"]
+    assert decision["type"] == "markdown" and "**kept the champion**" in markdown
+    version = worse.data.tags["ddpflow.retrain.challenger_version"]
+    assert f"| challenger | v{version}: {challenger_loss:.4f} |" in markdown
+    assert f"| champion before | v{first}: {champion_loss:.4f} |" in markdown
+    assert "| margin | 0 |" in markdown

@@ -1,7 +1,8 @@
 """The sweep flow end to end: tiny trials on a 2-worker LocalCluster, MLflow, Prefect.
 
-Five trials: three that train, one invalid (rejected before it starts) and one that crashes
-mid-training (fault injection). The bad two are reported; the other three still complete.
+Five trials: one that crashes mid-training first (fault injection), three that train and one
+invalid (rejected before it starts). The bad two are reported; the other three still complete,
+one of them on the worker the crash gave back.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ pytestmark = pytest.mark.integration
 EXPERIMENT = "sweep-test"
 MODEL = "sweep-test-model"
 TRIALS = [
+    {"fail_after_epochs": 1},  # crashes after its first epoch, while trial 1 still trains
     {"lr": 0.01, "hidden_size": 32},
     {"lr": 0.002},
     {"lr": 0.005, "batch_size": 4096},
     {"lr": -1},  # invalid: never launched
-    {"fail_after_epochs": 1},  # crashes after its first epoch
 ]
+CRASHED, COMPLETED, INVALID = 0, (1, 2, 3), 4
 ARGS = [
     "--trials",
     json.dumps(TRIALS),
@@ -85,7 +87,7 @@ def test_one_parent_run_and_a_child_run_per_trial(swept) -> None:
 
 def test_three_trials_complete_with_their_metrics(swept) -> None:
     client = swept["client"]
-    for index in (0, 1, 2):
+    for index in COMPLETED:
         run = swept["children"][index]
         assert run.info.status == "FINISHED", index
         assert run.data.params["lr"] == str(TRIALS[index]["lr"])
@@ -98,20 +100,36 @@ def test_three_trials_complete_with_their_metrics(swept) -> None:
 
 
 def test_invalid_trial_is_failed_naming_the_field_and_never_trained(swept) -> None:
-    run = swept["children"][3]
+    run = swept["children"][INVALID]
     assert run.info.status == "FAILED"
-    assert "trials[3].lr=-1: must be > 0" in run.data.tags["ddpflow.error"]
+    assert "trials[4].lr=-1: must be > 0" in run.data.tags["ddpflow.error"]
     assert run.data.tags["ddpflow.failure"] == "invalid"
     assert run.data.metrics == {}
-    assert "trial-3 rejected" in swept["out"]
+    assert "trial-4 rejected" in swept["out"]
 
 
 def test_trial_crashing_mid_training_is_failed_with_its_error(swept) -> None:
-    run = swept["children"][4]
+    run = swept["children"][CRASHED]
     assert run.info.status == "FAILED"
     assert "InjectedFault" in run.data.tags["ddpflow.error"]
     assert run.data.tags["ddpflow.failure"] == "crash"
     assert [s for s, _ in _steps(swept["client"], run.info.run_id, "val_loss")] == [1]
+
+
+def test_a_crashed_trial_frees_its_worker_for_a_queued_trial(swept) -> None:
+    # README "Failures stay local": a trial that crashes frees its workers.
+    client, children = swept["client"], swept["children"]
+    crashed = children[CRASHED]
+    crashed_end = _training_interval(client, crashed.info.run_id)[1]
+    # Trials 0 and 1 start on the two workers; 2 and 3 queue until a worker is given back.
+    queued = [children[i] for i in (2, 3)]
+    assert all(r.info.status == "FINISHED" for r in queued)
+    reused = [
+        r for r in queued if r.data.tags["ddpflow.workers"] == crashed.data.tags["ddpflow.workers"]
+    ]
+    assert reused, "no queued trial ran on the worker of the crashed trial"
+    for run in reused:
+        assert _training_interval(client, run.info.run_id)[0] > crashed_end
 
 
 def _training_interval(client: MlflowClient, run_id: str) -> tuple[int, int]:
@@ -124,7 +142,7 @@ def _training_interval(client: MlflowClient, run_id: str) -> tuple[int, int]:
 
 def test_trials_ran_concurrently_but_never_more_than_the_workers(swept) -> None:
     client = swept["client"]
-    trained = [swept["children"][i] for i in (0, 1, 2, 4)]
+    trained = [swept["children"][i] for i in (CRASHED, *COMPLETED)]
     events = []
     for run in trained:
         start, end = _training_interval(client, run.info.run_id)
@@ -150,7 +168,7 @@ def test_plots_are_artifacts_of_the_parent_run(swept) -> None:
 
 def test_best_trial_is_registered_tagged_and_promoted(swept) -> None:
     client = swept["client"]
-    completed = [swept["children"][i] for i in (0, 1, 2)]
+    completed = [swept["children"][i] for i in COMPLETED]
     best = min(completed, key=lambda r: r.data.metrics["final_val_loss"])
     versions = client.search_model_versions(f"name='{MODEL}'")
     assert [v.run_id for v in versions] == [best.info.run_id]
@@ -175,7 +193,35 @@ def test_ranking_is_a_prefect_table_artifact(swept) -> None:
     assert "'type': 'table'" in out
     for run in swept["children"].values():
         assert run.info.run_id in out
-    assert "trials[3].lr=-1: must be > 0" in out
+    assert "trials[4].lr=-1: must be > 0" in out
+
+
+def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) -> None:
+    # README "Failures stay local": the sweep fails only if no trial completes.
+    trials = json.dumps([{"fail_after_epochs": 1, "epochs": 1}, {"lr": -1}])
+    # One worker: the two trials take turns, the crash ends after one epoch.
+    result = run_flow(
+        "sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path, env={"DDPFLOW_DASK_WORKERS": "1"}
+    )
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "no trial completed" in result.stderr
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FAILED"
+    assert sorted(r.info.status for r in runs if r is not parent) == ["FAILED", "FAILED"]
+    assert not client.search_model_versions(f"name='{MODEL}'"), "nothing to register"
+    inspect = subprocess.run(
+        [sys.executable, "-m", "prefect", "flow-run", "inspect"]
+        + [parent.data.tags["prefect.flow_run_id"], "--output", "json"],
+        env=project_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert inspect.returncode == 0, inspect.stderr[-2000:]
+    assert json.loads(inspect.stdout)["state"]["type"] == "FAILED"
 
 
 def test_a_trial_can_be_a_ddp_group_of_two_workers(tmp_path) -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from ddpflow.sweep.config import validate_trial
@@ -120,22 +118,46 @@ def test_plotting_nothing_is_an_error() -> None:
         loss_panels_png([], "epoch")
 
 
-def test_summary_renders_table_best_trial_and_promotion(outcomes) -> None:
-    summary = SweepSummary(
+def _summary(outcomes: list[TrialOutcome], **fields) -> SweepSummary:
+    """The summary as the flow builds it: counts and the best trial come from the outcomes."""
+    top = best(outcomes)
+    return SweepSummary(
         parent_run_id="parent",
         rows=table_rows(outcomes),
-        num_completed=4,
-        best_run_id="run1",
-        best_val_loss=1.5,
+        num_completed=sum(o.completed for o in outcomes),
+        best_run_id=top.run_id if top else None,
+        best_val_loss=top.final_val_loss if top else None,
         model_name="m",
-        model_version="3",
-        promotion="no champion yet",
-        promoted=True,
         table_key="charlm-sweep",
+        **{"model_version": None, "promotion": None, "promoted": False, **fields},
     )
+
+
+def test_summary_renders_table_best_trial_and_promotion(outcomes) -> None:
+    summary = _summary(outcomes, model_version="3", promotion="no champion yet", promoted=True)
     text = summary.render("mlflow ui ...")
+    # The diverged trial completed (it counts) but is never the best one.
     assert "4 of 6 trials completed" in text
     assert "run run1, val loss 1.5000" in text and "m version 3" in text
     assert "promoted to champion: no champion yet" in text
     assert "trials[2].lr=-1: must be > 0" in text
-    assert not math.isnan(summary.best_val_loss)
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("---")) + 1
+    table = [
+        line.split()
+        for line in lines[start : start + 9]
+        if line.strip() and not line.strip().startswith("error:")
+    ]
+    assert [row[1] for row in table] == ["1", "5", "0", "2", "3", "4"], "ranking order"
+    diverged = next(row for row in table if row[1] == "4")
+    assert diverged[0] == "-" and diverged[8] == "-", "a NaN loss shows as no rank, no loss"
+
+
+def test_summary_without_a_completed_trial_names_no_best_and_no_model() -> None:
+    # README "Failures stay local": the sweep fails only if no trial completes.
+    outcomes = [_outcome(0, lr=-1), _outcome(1, 2.0, error="LaunchError: boom")]
+    text = _summary(outcomes).render("mlflow ui ...")
+    assert "0 of 2 trials completed" in text
+    assert "best trial         none (no trial completed)" in text
+    assert "registered model" not in text and "champion" not in text
+    assert "error: LaunchError: boom" in text

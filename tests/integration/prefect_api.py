@@ -1,0 +1,58 @@
+"""Reading flow runs, their state history and artifacts from a Prefect server's REST API.
+
+The calls go over HTTP from the test process, with the basic-auth string the stack's clients
+use: no Prefect client settings of this process get involved, and a poll costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
+
+
+def _request(env: dict[str, str], method: str, path: str, body: Any = None) -> Any:
+    user, _, password = env.get("PREFECT_API_AUTH_STRING", "").partition(":")
+    response = httpx.request(
+        method,
+        env["PREFECT_API_URL"].rstrip("/") + path,
+        json=body,
+        auth=(user, password) if user else None,
+        timeout=30,
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def flow_run(env: dict[str, str], flow_run_id: str) -> dict[str, Any]:
+    return _request(env, "GET", f"/flow_runs/{flow_run_id}")
+
+
+def state_history(env: dict[str, str], flow_run_id: str) -> list[dict[str, Any]]:
+    """Every state the run went through, oldest first."""
+    states = _request(env, "GET", f"/flow_run_states/?flow_run_id={flow_run_id}")
+    return sorted(states, key=lambda s: s["timestamp"])
+
+
+def artifacts(env: dict[str, str], key: str, flow_run_id: str) -> list[dict[str, Any]]:
+    """The artifacts with `key` that one flow run created."""
+    filters = {"artifacts": {"key": {"any_": [key]}, "flow_run_id": {"any_": [flow_run_id]}}}
+    return _request(env, "POST", "/artifacts/filter", filters)
+
+
+def wait_for_state(
+    env: dict[str, str], flow_run_id: str, types: set[str] | frozenset[str], timeout_s: float
+) -> dict[str, Any]:
+    """Poll until the run's state type is one of `types`; fail on another final state."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        run = flow_run(env, flow_run_id)
+        state = run["state"]["type"]
+        if state in types:
+            return run
+        assert state not in FINAL_STATES, f"flow run {flow_run_id} ended {run['state']}"
+        assert time.monotonic() < deadline, f"flow run {flow_run_id} still {run['state']}"
+        time.sleep(0.5)
