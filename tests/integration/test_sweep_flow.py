@@ -271,13 +271,12 @@ def test_trials_show_their_progress_datasets_and_the_sweep_links(swept) -> None:
     )
     assert result.returncode == 0, result.stderr[-2000:]
     artifacts = {a["key"]: a for a in json.loads(result.stdout.strip().splitlines()[-1])}
-    completed = [0, 1, 2]
-    for trial in completed:
+    for trial in COMPLETED:
         progress = artifacts[f"charlm-trial-{trial}-progress"]
         assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
         inputs = swept["children"][trial].inputs.dataset_inputs
         assert {i.dataset.digest for i in inputs} and len(inputs) == 2
-    crashed = artifacts["charlm-trial-4-progress"]  # fail_after_epochs: it raises after epoch 1
-    assert crashed["description"].startswith("trial 4: failed at epoch 1"), crashed
+    crashed = artifacts[f"charlm-trial-{CRASHED}-progress"]  # fail_after_epochs=1
+    assert crashed["description"].startswith(f"trial {CRASHED}: failed at epoch 1"), crashed
     best = swept["parents"][0].data.tags["ddpflow.best_run_id"]
     assert best in artifacts["charlm-sweep-mlflow"]["data"]
