@@ -11,9 +11,9 @@ from prefect.artifacts import create_markdown_artifact
 from ddpflow.config import Settings
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
-from ddpflow.prefect_progress import training_progress
 from ddpflow.tracking import RunRef, log_restart
 from flows.runner import current_dask_client
+from tasks.progress_artifact import training_progress
 
 
 def train_with_restarts(

@@ -10,9 +10,9 @@ from prefect.artifacts import create_table_artifact
 from ddpflow.charlm.training import TrainResult
 from ddpflow.config import Settings
 from ddpflow.distributed import launch
-from ddpflow.prefect_progress import training_progress
 from ddpflow.sweep import TrialJob, trial_rank
 from flows.runner import current_dask_client
+from tasks.progress_artifact import training_progress
 
 TABLE_KEY = "charlm-sweep"
 

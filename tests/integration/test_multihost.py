@@ -133,7 +133,10 @@ def test_a_host_cut_off_mid_run_costs_one_restart_and_is_used_again(restored, tm
     tags = assert_one_run_one_restart(restored, tmp_path, output)
     assert time.monotonic() - cut_at > 40, "the run waited for the host instead of going on"
     assert "resuming after epoch " in output
-    assert "rank 0" in tags["ddpflow.restart.1.cause"], tags["ddpflow.restart.1.cause"]
+    # Whichever notices first is the cause: rank 0's collective with the cut-off peer, or
+    # the step watchdog, to which rank 1's worker no longer answers.
+    cause = tags["ddpflow.restart.1.cause"]
+    assert re.search(r"rank [01] on worker tcp://10\.", cause), cause
     assert_ranks_after_restart(restored, 2)
 
 
