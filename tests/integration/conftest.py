@@ -122,8 +122,16 @@ def prefect_cli(
     project: Path, *args: str, env: dict[str, str] | None = None, timeout_s: float = 180
 ) -> subprocess.CompletedProcess[str]:
     """`prefect ARGS...` on the project's Prefect database, e.g. ("flow-run", "inspect", id)."""
+    return run_in_project([sys.executable, "-m", "prefect", *args], project, env, timeout_s)
+
+
+def run_in_project(
+    argv: list[str], project: Path, env: dict[str, str] | None = None, timeout_s: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`argv` in the project folder with its isolated environment (project_env) plus `env`;
+    output captured, the exit code left to the caller."""
     return subprocess.run(
-        [sys.executable, "-m", "prefect", *args],
+        argv,
         cwd=project,
         env={**project_env(project), **(env or {})},
         capture_output=True,
@@ -152,15 +160,7 @@ print(json.dumps(records))
 def prefect_records(project: Path) -> dict:
     """Every flow run, task run (with its state and message), log and artifact in the
     project's Prefect database."""
-    result = subprocess.run(
-        [sys.executable, "-c", READ_RECORDS],
-        cwd=project,
-        env=project_env(project),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
+    result = run_in_project([sys.executable, "-c", READ_RECORDS], project, timeout_s=180)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -174,15 +174,7 @@ def run_flow(
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m flows.<module> ...` the way a user does, in the project folder."""
     project.mkdir(parents=True, exist_ok=True)
-    return subprocess.run(
-        [sys.executable, "-m", f"flows.{module}", *args],
-        cwd=project,
-        env={**project_env(project), **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
+    return run_in_project([sys.executable, "-m", f"flows.{module}", *args], project, env, timeout_s)
 
 
 @pytest.fixture(scope="session")

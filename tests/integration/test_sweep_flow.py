@@ -14,7 +14,7 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.integration.conftest import project_env, run_flow
+from tests.integration.conftest import prefect_cli, prefect_records, project_env, run_flow
 
 pytestmark = pytest.mark.integration
 
@@ -211,15 +211,8 @@ def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) 
     assert parent.info.status == "FAILED"
     assert sorted(r.info.status for r in runs if r is not parent) == ["FAILED", "FAILED"]
     assert not client.search_model_versions(f"name='{MODEL}'"), "nothing to register"
-    inspect = subprocess.run(
-        [sys.executable, "-m", "prefect", "flow-run", "inspect"]
-        + [parent.data.tags["prefect.flow_run_id"], "--output", "json"],
-        env=project_env(tmp_path),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
+    inspect = prefect_cli(tmp_path, "flow-run", "inspect", flow_run_id, "--output", "json")
     assert inspect.returncode == 0, inspect.stderr[-2000:]
     assert json.loads(inspect.stdout)["state"]["type"] == "FAILED"
 
@@ -247,30 +240,10 @@ def test_ranks_per_trial_larger_than_the_cluster_fails_before_any_work(tmp_path)
     assert not (tmp_path / "artifacts").exists()
 
 
-ARTIFACTS = """
-import json
-from prefect.client.orchestration import get_client
-with get_client(sync_client=True) as client:
-    found = client.read_artifacts()
-print(json.dumps([
-    {"key": a.key, "type": a.type, "data": a.data, "description": a.description} for a in found
-], default=str))
-"""
-
-
 def test_trials_show_their_progress_datasets_and_the_sweep_links(swept) -> None:
     # docs/inspecting.md: each trial has a progress artifact (100 % when it completed), its
     # child run logs its datasets, and the sweep links the best run and its version.
-    result = subprocess.run(
-        [sys.executable, "-c", ARTIFACTS],
-        env=project_env(swept["project"]),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    artifacts = {a["key"]: a for a in json.loads(result.stdout.strip().splitlines()[-1])}
+    artifacts = {a["key"]: a for a in prefect_records(swept["project"])["artifacts"]}
     for trial in COMPLETED:
         progress = artifacts[f"charlm-trial-{trial}-progress"]
         assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
