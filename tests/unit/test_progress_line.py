@@ -5,7 +5,6 @@ so the 30-second rule is checked without waiting 30 s."""
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 from types import SimpleNamespace
 
 import pytest
@@ -15,6 +14,7 @@ from torch import nn
 
 from ddpflow import train_loop
 from ddpflow.distributed.context import RankContext
+from ddpflow.tracking import NullLogger
 from ddpflow.train_loop import FitPlan, fit
 
 STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
@@ -27,11 +27,6 @@ class Reporting(RankContext):
 
     def report(self, message: str) -> None:
         self.lines.append(message)
-
-
-class NoLog:
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        pass
 
 
 class Linear(nn.Module):
@@ -66,7 +61,7 @@ def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[st
         torch.arange(4),
         to_batch,
         ctx,
-        NoLog(),
+        NullLogger(),
         lambda epoch: None,
         FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
     )
