@@ -6,6 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
+# Test processes (pytest-xdist): integration tests mostly wait on the processes they start,
+# so two share two cores well; TEST_PROCS=0 runs everything in this one process.
+TEST_PROCS ?= 2
 
 .PHONY: venv demo test test-unit lint mlflow-ui clean
 
@@ -22,7 +25,8 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not gpu" $(ARGS)
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_PROCS) --dist loadgroup --no-loadscope-reorder \
+		--durations=25 $(ARGS)
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit $(ARGS)

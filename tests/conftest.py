@@ -17,3 +17,55 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+# How `make test` spreads the suite over processes (pytest-xdist, `--dist loadgroup`).
+# Each integration module runs whole on one process, so its module-scoped fixtures (a
+# cluster, a trained project, a server) are built once. Modules sharing a session-scoped
+# fixture share a group, so that fixture is built once too: the uninterrupted reference run
+# (fault tolerance, multi-host) and the Slurm cluster. Unit tests have no group: any process
+# takes them one by one.
+SHARED_GROUPS = {
+    "test_fault_tolerance": "charlm-reference",
+    "test_multihost": "charlm-reference",
+    "test_slurm": "slurm",
+    "test_cluster_backends": "slurm",
+}
+# Longest groups first (seconds measured in a full run on 2 cores): a process that picks a
+# 15-minute group last would leave the other idle for its whole length.
+HEAVY_FIRST = [
+    "charlm-reference",  # ~1000 s
+    "test_deployments",  # ~400 s
+    "test_sweep_flow",
+    "test_train_charlm_flow",
+    "test_images_flow",
+    "slurm",
+    "test_external_cluster",
+    "test_bad_inputs_cli",
+    "test_s3",
+    "test_retrain_flow",
+    "test_secrets",
+    "test_inspection",
+]
+
+
+def _group(item: pytest.Item) -> str | None:
+    if item.path.parent.name != "integration":
+        return None
+    return SHARED_GROUPS.get(item.path.stem, item.path.stem)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each integration test with its group (before xdist reads the marks) and put
+    the heaviest groups first; the order within a group is kept."""
+    for item in items:
+        group = _group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+    def rank(item: pytest.Item) -> int:
+        group = _group(item)
+        return HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
+
+    items.sort(key=rank)  # stable
