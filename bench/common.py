@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-BENCH_THREADS = 1  # one intra-op thread per process, as ddpflow's ranks run (FIELD-NOTES)
+# One intra-op thread per process, as ddpflow's ranks run: 2 threads per rank on 2 cores
+# oversubscribe them (an epoch took about 30 times longer).
+BENCH_THREADS = 1
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""Formatting: the seed's format_training_data vs ddpflow's format_names on the shipped corpus.
+"""Formatting: the tutorial's format_training_data vs ddpflow's format_names on the shipped corpus.
+
+The tutorial's code is kept verbatim in bench/seed_reference.py ("seed" in the labels).
 
     .venv/bin/python -m bench.formatting [--quick]
 
 Both functions get the same cleaned names (`load_names()`, 50,000 names). Time: best of N
 wall-clock runs of each call, nothing else inside the timer. Bytes: what each keeps for the
-training set: the seed's one-hot float32 x plus int64 y tensors, ddpflow's uint8 windows
+training set: the tutorial's one-hot float32 x plus int64 y tensors, ddpflow's uint8 windows
 (x and y are views of it; one-hot happens per batch).
 """
 
@@ -36,7 +38,7 @@ def run(quick: bool = False) -> list[Result]:
     seed_s, (seed_x, seed_y) = best_of(lambda: format_training_data(names), seed_repeats)
     ours_s, windows = best_of(lambda: format_names(names), ours_repeats)
     if not _same_windows(windows, seed_x, seed_y):
-        raise SystemExit("format_names and the seed's format_training_data disagree")
+        raise SystemExit("format_names and the tutorial's format_training_data disagree")
     seed_bytes = seed_x.nbytes + seed_y.nbytes
     ours_bytes = windows.nbytes
     speedup = seed_s / ours_s

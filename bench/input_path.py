@@ -1,9 +1,9 @@
-"""Training input path: ddpflow's training step vs pure compute vs the seed's DataLoader path.
+"""Training input path: ddpflow's training step vs pure compute vs the tutorial's DataLoader path.
 
     .venv/bin/python -m bench.input_path [--quick] [--world-sizes 1 2]
 
 Each world size runs as that many processes (torch.multiprocessing spawn, gloo on
-127.0.0.1, one torch thread each, as ddpflow's ranks run) with the seed's model size
+127.0.0.1, one torch thread each, as ddpflow's ranks run) with the tutorial's model size
 (LSTM 4 x 128, dropout 0.1), batch 512 per rank and the same names. Per round, each path
 trains `steps` steps, in this order:
 
@@ -12,8 +12,9 @@ trains `steps` steps, in this order:
     Its figure is fit's own EpochStats.samples_per_s (training time only, eval excluded).
 (b) pure compute: the same DDP model and optimizer over (x, y) index batches made before the
     timer starts: forward/backward/Adam and nothing else.
-(c) the seed: `OurDataset` (per-item one-hot float tensors) + DistributedSampler + DataLoader
-    (per-item __getitem__ and default collate), the seed's Model under DDP, CrossEntropyLoss.
+(c) seed, the tutorial's code in bench/seed_reference.py: `OurDataset` (per-item one-hot
+    float tensors) + DistributedSampler + DataLoader (per-item __getitem__ and default
+    collate), the tutorial's Model under DDP, CrossEntropyLoss.
 
 Round 0 is warm-up and is dropped. Rounds are short and many so that the three paths see the
 same load (other processes on a shared 2-core machine swing a rate by 10-20 % within a
@@ -22,8 +23,8 @@ printed is the median over rounds. Rates are global samples/s (all ranks).
 
 On a CPU the LSTM step (~100 ms) hides most of what the input path costs, so the batch making
 alone is timed too, in this process: ddpflow's `split_xy(windows[idx])` plus the one-hot of
-x (which its model does in forward, and the seed's batches already hold) vs one batch of the
-seed's `DataLoader(OurDataset, batch_size, shuffle=True)`. That is the cost a fast
+x (which its model does in forward, and the tutorial's batches already hold) vs one batch of
+the tutorial's `DataLoader(OurDataset, batch_size, shuffle=True)`. That is the cost a fast
 accelerator step would expose.
 """
 
@@ -119,7 +120,7 @@ def _seed_round(
     loader: DataLoader,
     epoch: int,
 ) -> float:
-    """The body of the seed's train() epoch loop, minus its per-batch Dask log line."""
+    """The body of the tutorial's train() epoch loop, minus its per-batch Dask log line."""
     criterion = nn.CrossEntropyLoss()
     started = time.perf_counter()
     sampler.set_epoch(epoch)
@@ -157,7 +158,7 @@ def _rank(rank: int, cfg: InputPathConfig, port: int, out: str) -> None:
         seed_model = DistributedDataParallel(Model())
         seed_opt = torch.optim.Adam(seed_model.parameters(), lr=LR)
         dataset = _seed_dataset(names, num_samples)
-        sampler = DistributedSampler(dataset)  # as the seed's train(): the default group
+        sampler = DistributedSampler(dataset)  # as the tutorial's train(): the default group
         loader = DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler)
         rates: dict[str, list[float]] = {"ddpflow": [], "pure": [], "seed": []}
         for epoch in range(cfg.rounds + 1):
@@ -231,7 +232,7 @@ def batch_making(batch_size: int, num_batches: int, repeats: int) -> Result:
     num_samples = batch_size * num_batches
     names = names_for(num_samples)
     windows = format_names(names)[:num_samples].contiguous()
-    dataset = _seed_dataset(names, num_samples)  # no process group: the seed's 1-process form
+    dataset = _seed_dataset(names, num_samples)  # no process group: the tutorial's 1-process form
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True)
     ours = best_of_ms(lambda e: _ddpflow_batches(windows, batch_size, e), repeats)
     seed = best_of_ms(lambda e: _seed_batches(dataset, loader), repeats)

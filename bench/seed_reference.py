@@ -1,11 +1,12 @@
-"""The seed tutorial's data path, copied verbatim as the baseline the benchmarks measure against.
+"""The pet-name tutorial's data path, copied verbatim as the baseline the benchmarks measure against.
 
-Provenance: /work/shared/seeds/001_6807832ca15000cc.txt ("Training a Single PyTorch model
-across a Distributed Cluster with Dask", Saturn Cloud), the set-up section: the character
+The benchmarks call this reference code "seed" in their labels. Provenance: Saturn Cloud's
+public tutorial "Training a Single PyTorch model across a Distributed Cluster with Dask",
+the set-up section: the character
 list, ``str_len``, ``format_training_data``, ``OurDataset`` and ``Model``. Only the imports the
 copied code needs and this docstring were added; the download of ``pet_names`` from S3 is
 left out (this machine cannot reach it; callers pass the names). ruff may neither lint nor
-reformat the copied block, so it keeps the seed's own style.
+reformat the copied block, so it keeps the tutorial's own style.
 """
 
 # ruff: noqa: E501, UP008

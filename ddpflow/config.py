@@ -1,4 +1,4 @@
-"""Typed settings read once from the environment (the configuration contract in DESIGN.md)."""
+"""Typed settings read once from the environment: the variables every flow, test and doc uses."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The DaskTaskRunner every flow uses, built from the environment (DESIGN's contract).
+"""The DaskTaskRunner every flow uses, built from the environment (ddpflow.config).
 
 DDPFLOW_CLUSTER picks the cluster (local, address, cuda, jobqueue, kubernetes; see
 ddpflow.cluster) and DDPFLOW_CLUSTER_OPTIONS (JSON) is passed through to its class.

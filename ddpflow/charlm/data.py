@@ -61,7 +61,8 @@ NETRC_FIX = "put the credentials in ~/.netrc (or the file $NETRC names), never i
 def source_storage_options(source: str) -> dict[str, Any]:
     """fsspec options for reading the source.
 
-    Public buckets (like the seed's) are read anonymously when no AWS key is configured.
+    Public buckets (like the pet-name tutorial's) are read anonymously when no AWS key is
+    configured.
     HTTP sources trust the environment: a netrc entry supplies basic-auth credentials
     (and *_PROXY variables a proxy), so no credential has to sit in the source URL.
     """

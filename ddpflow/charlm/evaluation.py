@@ -43,7 +43,7 @@ def load_model(checkpoint_uri: str) -> tuple[CharLSTM, int]:
 def evaluate_checkpoint(
     checkpoint_uri: str, val_uri: str, train_names_uri: str, num_names: int, seed: int
 ) -> EvalResult:
-    """Validation loss on the holdout and names sampled with the seed's rule."""
+    """Validation loss on the holdout and names sampled with the tutorial's rule (see sampling)."""
     torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
     model, epoch = load_model(checkpoint_uri)
     val_loss = evaluate_loss(model, load_windows(val_uri), split_xy, SINGLE, batch_size=8192)

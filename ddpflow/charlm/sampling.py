@@ -1,4 +1,4 @@
-"""Name generation with the seed's rule, batched: many names advance one character at a time."""
+"""Names sampled with the pet-name tutorial's rule, batched: many names advance a step at a time."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ STOP_INDEX = CHARACTERS.index(STOP)
 def generate_names(model: nn.Module, num_names: int, seed: int = 0) -> list[str]:
     """Sample names until the stop symbol or 30 characters, never emitting the pad symbol.
 
-    Same rule as the seed's generate_name: the context is the last 8 characters left-padded
+    Same rule as the tutorial's generate_name: the context is the last 8 characters left-padded
     with '*', the next symbol is drawn from the softmax over every symbol but '*'.
     """
     if num_names < 1:

@@ -1,8 +1,8 @@
 """Vocabulary of the pet-name model and the cleaning that maps raw text onto it.
 
-The 31-symbol alphabet is the seed tutorial's, in the same order, so indices (and therefore
-trained weights) stay compatible with it. Index 0 (``*``) pads short contexts and index 1
-(``+``) marks the end of a name; neither may ever appear inside a name.
+The 31-symbol alphabet is that of Saturn Cloud's pet-name tutorial, in the same order, so
+indices (and therefore trained weights) stay compatible with it. Index 0 (``*``) pads short
+contexts and index 1 (``+``) marks the end of a name; neither may ever appear inside a name.
 """
 
 import unicodedata

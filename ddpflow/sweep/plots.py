@@ -1,4 +1,6 @@
-"""The seed's comparison as pictures: loss vs epoch and vs elapsed seconds, a panel per trial.
+"""A sweep's trials compared in pictures: loss vs epoch and vs elapsed seconds, a panel per trial.
+
+The same comparison that Saturn Cloud's tutorial on training many models concurrently draws.
 
 Built on `matplotlib.figure.Figure` directly, not pyplot: no global figure state and no GUI
 backend, so it is safe in the flow's threads and on machines without a display (Agg).
@@ -43,7 +45,7 @@ def loss_panels_png(curves: Sequence[LossCurve], x: XAxis, dpi: int = 100) -> by
         figsize=(PANEL_INCHES[0] * num_cols, PANEL_INCHES[1] * num_rows + 0.6),
         layout="constrained",
     )
-    # Shared axes, as in the seed's seaborn relplot: panels compare at a glance.
+    # Shared axes, as in the tutorial's seaborn relplot: panels compare at a glance.
     grid = figure.subplots(num_rows, num_cols, sharex=True, sharey=True, squeeze=False)
     axes = list(grid.flat)
     for ax, curve in zip(axes, curves, strict=False):

@@ -31,7 +31,7 @@ class TrialJob:
 
 
 def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
-    """(epoch, training seconds since the trial started): the seed's `elapsed_time_sec`.
+    """(epoch, training seconds since the trial started): the tutorial's `elapsed_time_sec`.
 
     It sums the epochs' training time, so validation and checkpoint writes (the same cost
     for every trial of a model size) do not blur the comparison of batch sizes and rates.

@@ -47,7 +47,7 @@ class ImageSpec:
 
     image_size: int
     # "crop": shorter side to image_size, then a centre square (keeps the aspect ratio, as
-    # the seed's Resize + CenterCrop); "stretch": both sides to image_size.
+    # the transfer-learning tutorial's Resize + CenterCrop); "stretch": both sides to image_size.
     resize: Literal["crop", "stretch"] = "crop"
 
     def transform(self) -> Transform:

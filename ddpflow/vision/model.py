@@ -1,7 +1,8 @@
 """ResNet-18/50 from torchvision with a new head, behind the project's model interface.
 
-`ImageClassifier.forward(x, targets=None) -> (logits, loss)` (DESIGN rule 6) takes the
-formatted uint8 images [N, 3, H, W] and does the scaling and ImageNet normalisation itself,
+`ImageClassifier.forward(x, targets=None) -> (logits, loss)` is the interface the training
+loop expects of every model, so one loop trains both workloads. It takes the formatted uint8
+images [N, 3, H, W] and does the scaling and ImageNet normalisation itself,
 so a registered model needs the images and nothing of ddpflow to serve them.
 """
 

@@ -40,7 +40,7 @@ class ImageTrainJob:
     weights_uri: str | None  # a state_dict checked by resolve_weights, or None
     epochs: int
     batch_size: int  # per rank
-    lr: float  # base lr: each run uses lr * world_size (seed 003)
+    lr: float  # base lr: each run uses lr * world_size (linear scaling)
     optimizer: Optimizer
     lr_patience: int
     seed: int
@@ -62,7 +62,8 @@ def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
     if kind == "adam":
         return torch.optim.Adam(params, lr=lr)
     if kind == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)  # the seed's choice
+        # Momentum 0.9: the choice of Saturn Cloud's transfer-learning tutorial.
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
     raise ValueError(f"optimizer={kind!r} is not one of adam, sgd")
 
 
@@ -85,7 +86,7 @@ def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
-    # Linear scaling (seed 003): the global batch is batch_size * world_size, so is the step.
+    # Linear scaling: the global batch is batch_size * world_size, so is the step.
     lr = job.lr * ctx.world_size
     optimizer = make_optimizer(job.optimizer, trainable_parameters(model), lr)
     # Stepped with the all-reduced validation loss, so every rank takes the same decision.

@@ -85,7 +85,7 @@ def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path) -> Non
     )
 
 
-# README "Configuration": pre-flight stops an unreachable cluster before any work. (The
+# docs/s3-and-servers.md "Pre-flight": stops an unreachable cluster before any work. (The
 # store and tracking rows of pre-flight are in tests/unit/test_bad_inputs.py, test_s3.py.)
 def test_unreachable_dask_address_stops_the_flow_before_any_task(project: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there

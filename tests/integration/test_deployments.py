@@ -164,7 +164,8 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     first_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=0.01, **TINY)
     wait_for_state(deployed, first_run, {"RUNNING"}, timeout_s=300)
     worse_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=1e-5, **TINY)
-    # README "Concurrency": a retrain that fires while the previous one runs waits (ENQUEUE).
+    # docs/deployments.md "Concurrency": a retrain that fires while the previous one runs
+    # waits (ENQUEUE).
     for run_id in (first_run, worse_run):
         wait_for_state(deployed, run_id, FINAL_STATES, timeout_s=400)
     first_end = flow_run(deployed, first_run)
@@ -201,7 +202,8 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     champion_loss = float(worse.data.tags["ddpflow.retrain.champion_loss"])
     assert challenger_loss > champion_loss
 
-    # README "Retraining": the decision and both scores are a Prefect markdown artifact.
+    # docs/deployments.md "Retraining": the decision and both scores are a Prefect markdown
+    # artifact.
     (decision,) = artifacts(deployed, "charlm-retrain-decision", worse_run)
     markdown = decision["data"]
     assert decision["type"] == "markdown" and "**kept the champion**" in markdown

@@ -145,7 +145,7 @@ def test_http_credentials_come_from_netrc(server, tmp_path, monkeypatch):
     assert storage.read_bytes(copy.uri) == BODY
 
 
-# README "Configuration": a public s3:// source is read anonymously when no key is set.
+# docs/configuration.md: a public s3:// source is read anonymously when no key is set.
 def test_public_s3_source_is_read_anonymously_without_any_credential(moto, tmp_path, monkeypatch):
     """A public-read object on moto, which refuses anonymous reads of private objects: the
     read goes out unsigned (no NoCredentialsError) and is allowed because it is public."""

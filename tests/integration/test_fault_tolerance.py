@@ -137,7 +137,7 @@ def assert_restart_recorded(cluster: dict, project: Path) -> tuple[str, list[str
     return cause, row
 
 
-# README "Fault tolerance": a killed worker costs one restart, and the resume is exact (weights
+# docs/fault-tolerance.md: a killed worker costs one restart, and the resume is exact (weights
 # and every metric step as in an uninterrupted run, dropout on); restarts are on the run and
 # in the `charlm-restarts` artifact.
 def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
@@ -157,7 +157,7 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     assert row[2] == "-", "no worker hung: the nanny replaced the dead one by itself"
 
 
-# README "Fault tolerance": a hung worker is detected by the rank timeout, restarted, and the
+# docs/fault-tolerance.md: a hung worker is detected by the rank timeout, restarted, and the
 # resume is exact. Rank 0's worker hangs: the one that logs to MLflow and writes checkpoints.
 def test_a_hung_worker_is_detected_by_timeout_and_restarted(
     cluster, charlm_reference, charlm_reference_project, tmp_path
@@ -183,7 +183,7 @@ def test_a_hung_worker_is_detected_by_timeout_and_restarted(
     assert_same_weights(final_weights(tmp_path), charlm_reference)
 
 
-# README "Fault tolerance": with no restart left the flow fails naming rank, worker and cause.
+# docs/fault-tolerance.md: with no restart left the flow fails naming rank, worker and cause.
 def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_path):
     proc = start_flow(tmp_path, cluster, "--max-restarts", "0")
     wait_for_checkpoint(tmp_path, 1, proc)
@@ -198,7 +198,7 @@ def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_pa
     assert run.info.status == "FAILED"
 
 
-# README "Fault tolerance": a rank without peers fails within a second when its worker dies.
+# docs/fault-tolerance.md: a rank without peers fails within a second when its worker dies.
 def test_a_killed_worker_costs_a_one_rank_run_one_restart(cluster, tmp_path):
     """A group of one has no peer whose collective fails: the launcher notices that the
     rank's worker left the cluster, and the run resumes on the restarted worker."""
@@ -218,7 +218,7 @@ def test_a_killed_worker_costs_a_one_rank_run_one_restart(cluster, tmp_path):
 SWEEP_TRIALS = [{"epochs": 6}, {"epochs": 6, "lr": 0.02}, {"epochs": 1}]
 
 
-# README "Sweeps": a worker that dies costs only the trial on it.
+# docs/sweeps.md: a worker that dies costs only the trial on it.
 def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
     """Three one-rank trials on two workers. The worker under a running trial is killed:
     that trial fails promptly, and the queued trial runs on the worker's restarted process
@@ -246,7 +246,7 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
     assert by_trial[2].data.tags["ddpflow.workers"] != killed
 
 
-# README "Fault tolerance": with --min-workers, a run whose worker does not come back within
+# docs/fault-tolerance.md: with --min-workers, a run whose worker does not come back within
 # DDPFLOW_HEAL_TIMEOUT_S goes on with the ranks it has.
 def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(cluster, tmp_path):
     """A cluster of its own: one of its workers dies with its nanny (a lost host), so

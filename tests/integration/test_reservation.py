@@ -60,7 +60,7 @@ def wait_for_log(caplog: pytest.LogCaptureFixture, text: str, timeout_s: float =
         time.sleep(0.05)
 
 
-# README "Run it like production" (Concurrency): a second DDP group waits until the first
+# docs/deployments.md "Concurrency": a second DDP group waits until the first
 # group's workers are free instead of queueing ranks that would time out.
 def test_a_second_group_waits_until_the_first_releases_its_workers(dask_client, caplog):
     caplog.set_level(logging.WARNING, logger="ddpflow.distributed.reservation")

@@ -72,7 +72,7 @@ def alias(client: MlflowClient) -> str:
 
 
 def test_a_challenger_whose_training_fails_leaves_the_champion_alone(registry) -> None:
-    # README "Retraining": a challenger that fails stops the flow before the decision,
+    # docs/deployments.md "Retraining": a challenger that fails stops the flow before the decision,
     # so it never touches the alias.
     project, client, champion, _ = registry
     before = versions(client)
@@ -96,7 +96,8 @@ def test_a_challenger_whose_training_fails_leaves_the_champion_alone(registry) -
 
 
 def test_a_challenger_better_by_less_than_the_margin_is_not_promoted(registry) -> None:
-    # README "Retraining": the alias moves only if the loss is lower by more than `margin`.
+    # docs/deployments.md "Retraining": the alias moves only if the loss is lower by more
+    # than `margin`.
     project, client, champion, _ = registry
     margin = 50.0  # far more than any loss gap here: nats per symbol, ~3.4 for a uniform guess
 

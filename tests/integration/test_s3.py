@@ -90,7 +90,8 @@ def test_mlflow_server_keeps_model_and_checkpoints_in_s3(s3_run):
     assert [m.step for m in s3_run["val_loss"]] == [1, 2]
 
 
-# README "Credentials": no key reaches a log, a Prefect record, MLflow or an object.
+# docs/security.md "Where credentials never appear": no key reaches a log, a Prefect record,
+# MLflow or an object.
 def test_credentials_appear_nowhere(s3_run, moto):
     # A failed inspect prints an error, which contains no secret either: check it worked.
     assert s3_run["flow_run_rc"] == 0, s3_run["flow_run"][-3000:]
@@ -138,7 +139,7 @@ def test_wrong_credentials_fail_preflight_with_an_access_message(tmp_path, monke
         )
 
 
-# README "Configuration": pre-flight names a missing credential and its fix, writing nothing.
+# docs/s3-and-servers.md "Pre-flight": names a missing credential and its fix, writing nothing.
 def test_no_aws_credentials_fail_preflight_naming_the_variables(moto, monkeypatch):
     use_s3(monkeypatch, moto)
     before = list_keys(moto, BUCKET)
@@ -151,7 +152,7 @@ def test_no_aws_credentials_fail_preflight_naming_the_variables(moto, monkeypatc
     assert list_keys(moto, BUCKET) == before
 
 
-# README "Configuration": pre-flight names an unreachable S3 endpoint and its setting.
+# docs/s3-and-servers.md "Pre-flight": names an unreachable S3 endpoint and its setting.
 def test_unreachable_s3_endpoint_fails_preflight_naming_the_setting(monkeypatch):
     endpoint = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     use_s3(monkeypatch, endpoint)

@@ -93,7 +93,8 @@ def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path
     assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
 
 
-# README "Credentials": every error shows URIs redacted, in the terminal and in Prefect.
+# docs/security.md "Credentials never go in a parameter": every error shows URIs redacted,
+# in the terminal and in Prefect.
 def test_tracking_uri_credentials_stay_out_of_the_error_text_and_its_records(tmp_path):
     """The error text names the tracking URI (its user:password@ included) and Prefect keeps
     it as the flow run's state message and in its logs."""

@@ -20,7 +20,7 @@ def _start_run(uri: str, name: str, barrier: Any) -> str:
 
 
 def test_two_runs_started_together_on_a_fresh_store_both_start(tmp_path: Path):
-    # README "Configuration": the default SQLite store can be used by several runs at once
+    # docs/configuration.md: the default SQLite store can be used by several runs at once
     # from its first use. Without the lock one of the two fails creating the schema
     # ("duplicate column name" / "Online migration expected to match one row").
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

@@ -117,7 +117,7 @@ def test_trial_crashing_mid_training_is_failed_with_its_error(swept) -> None:
 
 
 def test_a_crashed_trial_frees_its_worker_for_a_queued_trial(swept) -> None:
-    # README "Failures stay local": a trial that crashes frees its workers.
+    # docs/sweeps.md "Failures stay local": a trial that crashes frees its workers.
     client, children = swept["client"], swept["children"]
     crashed = children[CRASHED]
     crashed_end = _training_interval(client, crashed.info.run_id)[1]
@@ -197,7 +197,7 @@ def test_ranking_is_a_prefect_table_artifact(swept) -> None:
 
 
 def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) -> None:
-    # README "Failures stay local": the sweep fails only if no trial completes.
+    # docs/sweeps.md "Failures stay local": the sweep fails only if no trial completes.
     trials = json.dumps([{"fail_after_epochs": 1, "epochs": 1}, {"lr": -1}])
     # One worker: the two trials take turns, the crash ends after one epoch.
     result = run_flow(

@@ -25,7 +25,7 @@ TINY = tiny_charlm(EPOCHS, **SMALL)
 
 # Loads the registered model where ddpflow cannot be imported (any import of the project's
 # packages raises, the editable install included) and generates a name with nothing but
-# torch and the 31-symbol alphabet the README documents.
+# torch and the 31-symbol alphabet docs/charlm.md documents.
 FRESH_LOAD = """
 import importlib.abc, json, sys
 
@@ -159,7 +159,7 @@ def test_summary_prints_run_names_checkpoints_and_ui_command(trained):
     assert len(Path(text).read_text().split("\n")) >= 10
 
 
-# README "The pipeline": a rerun finds the downloaded copy and the formatted tensors.
+# docs/charlm.md "What make demo does": a rerun finds the downloaded copy and the formatted tensors.
 def test_rerun_reuses_downloaded_and_formatted_data(trained, tmp_path):
     artifacts = trained["project"] / "artifacts"
     before = data_files(artifacts)
@@ -180,7 +180,7 @@ def test_rerun_reuses_downloaded_and_formatted_data(trained, tmp_path):
     assert data_files(artifacts) == before, "nothing was downloaded or formatted again"
 
 
-# README "The pipeline" (register): loading the model needs no ddpflow code.
+# docs/charlm.md "What make demo does" (register): loading the model needs no ddpflow code.
 def test_registered_model_loads_and_generates_a_name_without_ddpflow(trained, tmp_path):
     env = {
         "PATH": os.environ["PATH"],

@@ -1,4 +1,4 @@
-"""format_names must reproduce the seed tutorial's format_training_data, just cheaper."""
+"""format_names must reproduce the pet-name tutorial's format_training_data, just cheaper."""
 
 import random
 
@@ -25,7 +25,7 @@ EDGE_NAMES = [
 
 
 def seed_reference(pet_names: list[str]) -> list[list[int]]:
-    """The seed's format_training_data, kept as literal as possible, minus tensors/one-hot."""
+    """The tutorial's format_training_data, kept as literal as possible, minus tensors/one-hot."""
     characters = SEED_CHARACTERS
     str_len = 8
 
@@ -109,7 +109,7 @@ def test_dtype_and_bytes_per_sample(sample_names: list[str]) -> None:
 
 def test_empty_inputs() -> None:
     assert format_names([]).shape == (0, CONTEXT_LEN + 1)
-    # The seed turns an empty name into the single window "********+"; so do we.
+    # The tutorial turns an empty name into the single window "********+"; so do we.
     assert [decode(r) for r in format_names([""])] == ["********+"]
 
 

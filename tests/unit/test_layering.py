@@ -50,7 +50,7 @@ def _walk(value: object, path: str = "") -> list[tuple[str, object]]:
 
 
 def test_the_deployment_file_holds_no_secret():
-    # README "Deployments": no secret is in deployments/prefect.yaml; the worker's own
+    # docs/deployments.md: no secret is in deployments/prefect.yaml; the worker's own
     # environment supplies tracking URI, artifact root and AWS settings.
     spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
     leaves = _walk(spec)
@@ -65,7 +65,7 @@ def test_the_deployment_file_holds_no_secret():
 
 @pytest.mark.parametrize(("kind", "cls"), [("adam", torch.optim.Adam), ("sgd", torch.optim.SGD)])
 def test_the_image_optimizer_is_the_one_asked_for(kind, cls):
-    # README "Image classification": Adam, or `--optimizer sgd` (with momentum 0.9).
+    # docs/images.md: Adam, or `--optimizer sgd` (with momentum 0.9).
     params = [torch.nn.Parameter(torch.zeros(2))]
     optimizer = make_optimizer(kind, params, lr=0.5)
     assert type(optimizer) is cls and optimizer.param_groups[0]["lr"] == 0.5

@@ -9,7 +9,7 @@ from tests.integration.conftest import REPO
 
 
 def test_importing_tracking_keeps_warnings_visible():
-    # README "Fault tolerance": an MLflow that is down is reported (a warning), never hidden.
+    # docs/fault-tolerance.md: an MLflow that is down is reported (a warning), never hidden.
     # mlflow.pytorch sets the root logger to ERROR at import; a Dask worker or a script that
     # imports ddpflow.tracking before configuring logging would lose every ddpflow warning.
     code = (

@@ -68,7 +68,8 @@ def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[st
     return ctx.lines
 
 
-# README "The pipeline" (train): a line per epoch, and within a long epoch one every 30 s.
+# docs/charlm.md "What make demo does" (train): a line per epoch, and within a long epoch
+# one every 30 s.
 def test_a_long_epoch_reports_every_30_seconds(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = run_fit(monkeypatch, seconds_per_step=7)
     # 7 s a step: 35 s after the start (step 5), then 35 s later (step 10); each epoch's

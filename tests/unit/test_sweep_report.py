@@ -154,7 +154,7 @@ def test_summary_renders_table_best_trial_and_promotion(outcomes) -> None:
 
 
 def test_summary_without_a_completed_trial_names_no_best_and_no_model() -> None:
-    # README "Failures stay local": the sweep fails only if no trial completes.
+    # docs/sweeps.md "Failures stay local": the sweep fails only if no trial completes.
     outcomes = [_outcome(0, lr=-1), _outcome(1, 2.0, error="LaunchError: boom")]
     text = _summary(outcomes).render("mlflow ui ...")
     assert "0 of 2 trials completed" in text
