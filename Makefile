@@ -6,8 +6,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
-# Test processes (pytest-xdist): integration tests mostly wait on the processes they start,
-# so two share two cores well; TEST_PROCS=0 runs everything in this one process.
+# Test processes (pytest-xdist): two overlap the integration tests' waiting (process and
+# server starts); their training is CPU-bound, so on 2 cores this saves only about 10 %
+# (51 vs 55 minutes), more with more cores. TEST_PROCS=0 runs everything in one process.
 TEST_PROCS ?= 2
 
 .PHONY: venv demo test test-unit lint mlflow-ui clean

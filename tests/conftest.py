@@ -59,13 +59,13 @@ def _group(item: pytest.Item) -> str | None:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each integration test with its group (before xdist reads the marks) and put
     the heaviest groups first; the order within a group is kept."""
+    groups = {item.nodeid: _group(item) for item in items}
     for item in items:
-        group = _group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        if groups[item.nodeid] is not None:
+            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
 
     def rank(item: pytest.Item) -> int:
-        group = _group(item)
+        group = groups[item.nodeid]
         return HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
 
     items.sort(key=rank)  # stable
