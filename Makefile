@@ -7,8 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
 # Test processes (pytest-xdist): two overlap the integration tests' waiting (process and
-# server starts); their training is CPU-bound, so on 2 cores this saves only about 10 %
-# (51 vs 55 minutes), more with more cores. TEST_PROCS=0 runs everything in one process.
+# server starts); their training is CPU-bound, so on 2 cores they cannot halve the time.
+# Each integration module is one unit of work (tests/conftest.py, docs/testing.md).
+# TEST_PROCS=0 runs everything in one process.
 TEST_PROCS ?= 2
 
 .PHONY: venv demo test test-unit lint mlflow-ui clean
@@ -26,7 +27,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_PROCS) --dist loadgroup --no-loadscope-reorder \
+	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_PROCS) --dist loadscope --no-loadscope-reorder \
 		--durations=25 $(ARGS)
 
 test-unit: $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import PurePosixPath
 
 import pytest
 import torch
@@ -19,12 +20,17 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-# How `make test` spreads the suite over processes (pytest-xdist, `--dist loadgroup`).
-# Each integration module runs whole on one process, so its module-scoped fixtures (a
-# cluster, a trained project, a server) are built once. Modules sharing a session-scoped
-# fixture share a group, so that fixture is built once too: the uninterrupted reference run
-# (fault tolerance, multi-host) and the Slurm cluster. Unit tests have no group: any process
-# takes them one by one.
+# How `make test` spreads the suite over processes (pytest-xdist, `--dist loadscope`, with the
+# scheduler below). Each integration module runs whole on one process, so its module-scoped
+# fixtures (a cluster, a trained project, a server) are built once. Modules sharing a
+# session-scoped fixture share a group, so that fixture is built once too: the uninterrupted
+# reference run (fault tolerance, multi-host) and the Slurm cluster. Unit tests have no
+# group: any process takes them one by one.
+#
+# Why a scheduler and not `xdist_group` marks: pytest-xdist 3.8 puts a mark's group into the
+# test id by assigning `item._nodeid`, which pytest 9.2 no longer reads (the id lives in
+# `item._id`), so with `--dist loadgroup` every test was its own unit and each module's
+# fixtures were built once on each process. tests/unit/test_xdist_groups.py checks the split.
 SHARED_GROUPS = {
     "test_fault_tolerance": "charlm-reference",
     "test_multihost": "charlm-reference",
@@ -49,23 +55,34 @@ HEAVY_FIRST = [
 ]
 
 
-def _group(item: pytest.Item) -> str | None:
-    if item.path.parent.name != "integration":
+def group_of(nodeid: str) -> str | None:
+    """The group a test id belongs to: its integration module's (or shared) group, or None
+    for a test any process may take alone."""
+    path = PurePosixPath(nodeid.split("::", 1)[0])
+    if path.parent.name != "integration":
         return None
-    return SHARED_GROUPS.get(item.path.stem, item.path.stem)
+    return SHARED_GROUPS.get(path.stem, path.stem)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each integration test with its group (before xdist reads the marks) and put
-    the heaviest groups first; the order within a group is kept."""
-    groups = {item.nodeid: _group(item) for item in items}
-    for item in items:
-        if groups[item.nodeid] is not None:
-            item.add_marker(pytest.mark.xdist_group(groups[item.nodeid]))
+    """Put the heaviest groups first; the order within a group is kept."""
 
     def rank(item: pytest.Item) -> int:
-        group = groups[item.nodeid]
+        group = group_of(item.nodeid)
         return HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
 
     items.sort(key=rank)  # stable
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """`--dist loadscope` with a group (see `group_of`) as the unit of work."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return GroupScheduling(config, log)
