@@ -1,5 +1,15 @@
 """Prefect flows: one module per workload or job."""
 
+import os
+import sys
+
+from flows import early_api
+
+# First, before the imports below: a flow's command line starts its embedded Prefect API
+# now, so that the server's start overlaps this process's imports (flows/early_api.py).
+if early_api.wanted(sys.orig_argv, os.environ):
+    early_api.start_early()
+
 # Prefect sets up its console logging (formats, levels) when its flow machinery is first
 # imported, unless the root logger already has handlers by then. mlflow.pytorch calls
 # logging.basicConfig at import: ddpflow.mlflow_pytorch undoes that for ddpflow's own import,

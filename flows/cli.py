@@ -14,6 +14,7 @@ from typing import Any
 from prefect import Flow
 
 from ddpflow.redact import redact_text
+from flows import early_api
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -71,6 +72,7 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     args = vars(parser.parse_args(argv))
     # The ephemeral API server would try to send telemetry over a network we may not have.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    early_api.adopt()  # after argument errors, which need no server
     try:
         return flow(**args)
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback

@@ -1,0 +1,53 @@
+"""The embedded Prefect API a flow's command line starts early (flows/early_api.py): real
+processes, `python -m flows.train_charlm` and its uvicorn server, no mocks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.integration.charlm_runs import TINY
+from tests.integration.conftest import REPO, project_env
+
+pytestmark = pytest.mark.integration
+
+
+def _server_of(flow: psutil.Process) -> psutil.Process | None:
+    for child in flow.children():
+        if "prefect.server.api.server:create_app" in " ".join(child.cmdline()):
+            return child
+    return None
+
+
+def test_the_server_dies_with_a_flow_process_killed_by_sigkill(tmp_path):
+    """The server is spawned while the flow still imports, and a flow killed without any
+    chance to clean up (SIGKILL, the OOM killer) takes it along instead of leaving an
+    orphan holding a port and the Prefect database."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
+        cwd=tmp_path,
+        env={**project_env(tmp_path), "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        flow = psutil.Process(proc.pid)
+        deadline = time.monotonic() + 60
+        server = None
+        while server is None and time.monotonic() < deadline and proc.poll() is None:
+            server = _server_of(flow)
+            time.sleep(0.05)
+        assert server is not None, "no API server process started by the flow"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        gone, alive = psutil.wait_procs([server], timeout=30)
+        assert gone and not alive, f"server {server.pid} outlived its flow"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

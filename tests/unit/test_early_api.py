@@ -1,0 +1,38 @@
+"""When a flow's command line starts its embedded Prefect API early (flows/early_api.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.early_api import wanted
+
+PY = "/usr/bin/python3"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [PY, "-m", "flows.train_charlm", "--epochs", "1"],
+        [PY, "-u", "-m", "flows.train_images"],
+        [PY, "-m", "flows.sweep_charlm", "--grid", "{}"],
+        [PY, "-m", "flows.retrain_charlm"],
+    ],
+)
+def test_a_flow_command_line_without_an_api_starts_one_early(argv):
+    assert wanted(argv, {})
+
+
+@pytest.mark.parametrize(
+    "argv, environ",
+    [
+        ([PY, "-m", "flows.train_charlm"], {"PREFECT_API_URL": "http://api:4200/api"}),
+        ([PY, "-m", "flows.train_charlm", "--help"], {}),
+        ([PY, "-m", "flows.params"], {}),
+        ([PY, "-m", "pytest", "tests"], {}),
+        ([PY, "script.py", "-m", "flows.train_charlm"], {}),
+        ([PY, "-c", "import flows"], {}),
+        ([PY, "-m"], {}),
+    ],
+)
+def test_anything_else_starts_nothing(argv, environ):
+    assert not wanted(argv, environ)
