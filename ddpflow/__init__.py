@@ -1,8 +1,10 @@
 """ddpflow: DDP training on Dask, tracked in MLflow.
 
 The public API (docs/api.md): write `train(ctx, *args)` against a TrainContext and run it
-with `ddpflow.run(client, train, ...)`. The names load on first use, so `import ddpflow`
-stays cheap (no torch, Dask or MLflow import) for code that needs only a submodule.
+with `ddpflow.run(client, train, ...)`, or inside a Prefect flow with
+`ddpflow.run_in_flow(train, ...)`. The names load on first use, so `import ddpflow` stays
+cheap (no torch, Dask or MLflow import) for code that needs only a submodule; only
+run_in_flow loads prefect (it lives in tasks/, since the library never imports prefect).
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ if TYPE_CHECKING:
     )
     from ddpflow.distributed.failures import LaunchError
     from ddpflow.train_context import Stateful, TrainContext
+    from tasks.ddp import run_in_flow
 
 _EXPORTS = {
     "run": "ddpflow.api",
+    "run_in_flow": "tasks.ddp",
     "TrainContext": "ddpflow.train_context",
     "Stateful": "ddpflow.train_context",
     "Restart": "ddpflow.distributed.elastic",
@@ -40,6 +44,7 @@ __all__ = [
     "TrainContext",
     "WorkersNotBack",
     "run",
+    "run_in_flow",
 ]
 
 
