@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
 
 from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
@@ -60,4 +61,11 @@ def run_in_flow(train: Callable[..., R], *args: Any, **options: Any) -> R:
     a rank. `options` are ddpflow.run()'s keyword arguments."""
     if "client" in options:
         raise TypeError("run_in_flow() uses the flow's Dask client: do not pass client=")
+    # Checked here, not by the task: a task called outside a flow runs on its own, and
+    # would start a Prefect API server before failing for want of a Dask cluster.
+    if FlowRunContext.get() is None:
+        raise RuntimeError(
+            "run_in_flow() must be called inside a Prefect flow (on a DaskTaskRunner); "
+            "outside one, call ddpflow.run(client, train, ...) with a Dask client"
+        )
     return ddp_train(train, args, dict(options))
