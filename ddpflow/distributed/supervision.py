@@ -21,6 +21,7 @@ POLL_S = 0.25
 WORKER_CHECK_S = 1.0  # how often a running group checks its workers and ranks' progress
 SCHEDULER_TIMEOUT_S = 30.0  # the scheduler answers in milliseconds unless it is gone
 WORKER_LEFT = "its worker left the cluster (died or restarted)"
+LOST_PEER_GRACE_S = 3.0
 
 
 def cluster_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:
@@ -127,17 +128,24 @@ def _lost_peers(
     client: distributed.Client, plan: list[RankAssignment], failed: list[RankFailure]
 ) -> list[RankFailure]:
     """The other ranks whose worker is gone. A killed worker's peer fails first, with a
-    "connection reset" naming no one; the dead worker is what the user needs to know."""
-    failed_ranks = {f.rank for f in failed}
-    try:
-        current = cluster_workers(client)
-    except Exception:  # noqa: BLE001 - the group's own failure must come through
-        return []
-    return [
-        RankFailure(a.rank, a.worker_address, WORKER_LEFT)
-        for a in plan
-        if a.rank not in failed_ranks and a.worker_address not in current
-    ]
+    "connection reset" naming no one; the dead worker is what the user needs to know.
+
+    The peer's error can reach us before the scheduler has dropped the dead worker, so
+    this looks again for up to LOST_PEER_GRACE_S: a short delay on a failure that a
+    restart takes many seconds to heal anyway.
+    """
+    others = [a for a in plan if a.rank not in {f.rank for f in failed}]
+    deadline = time.monotonic() + LOST_PEER_GRACE_S
+    while others:
+        try:
+            current = cluster_workers(client)
+        except Exception:  # noqa: BLE001 - the group's own failure must come through
+            return []
+        lost = [a for a in others if a.worker_address not in current]
+        if lost or time.monotonic() >= deadline:
+            return [RankFailure(a.rank, a.worker_address, WORKER_LEFT) for a in lost]
+        time.sleep(POLL_S)
+    return []
 
 
 def _by_rank(failure: RankFailure) -> int:
