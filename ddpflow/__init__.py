@@ -1,1 +1,54 @@
-"""ddpflow: DDP training on Dask, tracked in MLflow."""
+"""ddpflow: DDP training on Dask, tracked in MLflow.
+
+The public API (docs/api.md): write `train(ctx, *args)` against a TrainContext and run it
+with `ddpflow.run(client, train, ...)`, or inside a Prefect flow with
+`ddpflow.run_in_flow(train, ...)`. The names load on first use, so `import ddpflow` stays
+cheap (no torch, Dask or MLflow import) for code that needs only a submodule; only
+run_in_flow loads prefect (it lives in tasks/, since the library never imports prefect).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ddpflow.api import run
+    from ddpflow.distributed.elastic import (
+        RepeatedFailure,
+        Restart,
+        RestartsExhausted,
+        WorkersNotBack,
+    )
+    from ddpflow.distributed.failures import LaunchError
+    from ddpflow.train_context import Stateful, TrainContext
+    from tasks.ddp import run_in_flow
+
+_EXPORTS = {
+    "run": "ddpflow.api",
+    "run_in_flow": "tasks.ddp",
+    "TrainContext": "ddpflow.train_context",
+    "Stateful": "ddpflow.train_context",
+    "Restart": "ddpflow.distributed.elastic",
+    "RestartsExhausted": "ddpflow.distributed.elastic",
+    "RepeatedFailure": "ddpflow.distributed.elastic",
+    "WorkersNotBack": "ddpflow.distributed.elastic",
+    "LaunchError": "ddpflow.distributed.failures",
+}
+__all__ = [
+    "LaunchError",
+    "RepeatedFailure",
+    "Restart",
+    "RestartsExhausted",
+    "Stateful",
+    "TrainContext",
+    "WorkersNotBack",
+    "run",
+    "run_in_flow",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'ddpflow' has no attribute {name!r}")

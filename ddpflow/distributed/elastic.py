@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import os
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -172,15 +173,15 @@ def unresponsive_workers(
         return []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(workers))
     try:
-        pings = {w: pool.submit(client.run, _pong, workers=[w]) for w in workers}
+        # os.getpid: a function every worker has imported already. A function of this module
+        # would be imported with torch on first use, which takes longer than the timeout on
+        # a busy host for the worker a nanny has just started in place of a killed one: it
+        # was then "restarted" as hung mid-start, and that restart could leave it gone.
+        pings = {w: pool.submit(client.run, os.getpid, workers=[w]) for w in workers}
         concurrent.futures.wait(pings.values(), timeout=timeout_s)
         return [w for w, ping in pings.items() if not ping.done() or ping.exception()]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _pong() -> bool:
-    return True
 
 
 def _next_world_size(

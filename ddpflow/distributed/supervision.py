@@ -20,6 +20,8 @@ from ddpflow.distributed.watchdog import StepWatch
 POLL_S = 0.25
 WORKER_CHECK_S = 1.0  # how often a running group checks its workers and ranks' progress
 SCHEDULER_TIMEOUT_S = 30.0  # the scheduler answers in milliseconds unless it is gone
+WORKER_LEFT = "its worker left the cluster (died or restarted)"
+LOST_PEER_GRACE_S = 3.0
 
 
 def cluster_workers(client: distributed.Client) -> dict[str, dict[str, Any]]:
@@ -77,7 +79,7 @@ def wait_all_or_first_failure(
     # client, and Prefect's client deliberately is not one.
     next_check = time.monotonic() + WORKER_CHECK_S
     while not all(f.done() for f in futures):
-        _raise_on_failures(plan, futures, "failed")
+        _raise_on_failures(plan, futures, "failed", client)
         if time.monotonic() >= next_check:
             _raise_on_lost_workers(client, plan, futures)
             running = [a for a, f in zip(plan, futures, strict=True) if not f.done()]
@@ -86,7 +88,7 @@ def wait_all_or_first_failure(
                 raise LaunchError(describe("stalled", stalled), stalled)
             next_check = time.monotonic() + WORKER_CHECK_S
         time.sleep(POLL_S)
-    _raise_on_failures(plan, futures, "failed")
+    _raise_on_failures(plan, futures, "failed", client)
 
 
 def _raise_on_lost_workers(
@@ -97,7 +99,7 @@ def _raise_on_lost_workers(
     whose peers are done, would wait forever without this check."""
     current = cluster_workers(client)
     failures = [
-        RankFailure(a.rank, a.worker_address, "its worker left the cluster (died or restarted)")
+        RankFailure(a.rank, a.worker_address, WORKER_LEFT)
         for a, f in zip(plan, futures, strict=True)
         if not f.done() and a.worker_address not in current
     ]
@@ -106,7 +108,10 @@ def _raise_on_lost_workers(
 
 
 def _raise_on_failures(
-    plan: list[RankAssignment], futures: list[distributed.Future], verb: str
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    verb: str,
+    client: distributed.Client | None = None,
 ) -> None:
     failures = [
         RankFailure(a.rank, a.worker_address, _cause(f))
@@ -114,7 +119,37 @@ def _raise_on_failures(
         if f.status in ("error", "cancelled", "lost")
     ]
     if failures:
+        if client is not None:
+            failures = sorted(failures + _lost_peers(client, plan, failures), key=_by_rank)
         raise LaunchError(describe(verb, failures), failures)
+
+
+def _lost_peers(
+    client: distributed.Client, plan: list[RankAssignment], failed: list[RankFailure]
+) -> list[RankFailure]:
+    """The other ranks whose worker is gone. A killed worker's peer fails first, with a
+    "connection reset" naming no one; the dead worker is what the user needs to know.
+
+    The peer's error can reach us before the scheduler has dropped the dead worker, so
+    this looks again for up to LOST_PEER_GRACE_S: a short delay on a failure that a
+    restart takes many seconds to heal anyway.
+    """
+    others = [a for a in plan if a.rank not in {f.rank for f in failed}]
+    deadline = time.monotonic() + LOST_PEER_GRACE_S
+    while others:
+        try:
+            current = cluster_workers(client)
+        except Exception:  # noqa: BLE001 - the group's own failure must come through
+            return []
+        lost = [a for a in others if a.worker_address not in current]
+        if lost or time.monotonic() >= deadline:
+            return [RankFailure(a.rank, a.worker_address, WORKER_LEFT) for a in lost]
+        time.sleep(POLL_S)
+    return []
+
+
+def _by_rank(failure: RankFailure) -> int:
+    return failure.rank
 
 
 def _cause(future: distributed.Future) -> str:

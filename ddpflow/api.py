@@ -1,0 +1,191 @@
+"""ddpflow.run(): one user training function on a Dask cluster as a DDP group.
+
+The replacement for `dask_pytorch_ddp.dispatch.run(client, train_fn)`: ranks are pinned one
+per worker, the process group is set up and torn down for the function, and a group that
+fails (a worker killed or hung) is healed and relaunched up to `max_restarts` times. The
+function resumes by itself from its latest checkpoint (TrainContext.resume), so a restart
+continues exactly where the failed attempt's last checkpoint left it.
+
+Everything here is validated in the caller's process before any rank starts.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import cloudpickle
+import distributed
+
+from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.launcher import cluster_workers
+from ddpflow.redact import redact_url
+from ddpflow.tracking import RunRef, close_logger, end_run, log_restart, logger_for_rank, start_run
+from ddpflow.train_context import TrainContext, TrainSettings, check_seed
+
+R = TypeVar("R")
+
+
+def run(
+    client: distributed.Client,
+    train: Callable[..., R],
+    *args: Any,
+    world_size: int | None = None,
+    max_restarts: int = 2,
+    checkpoint_dir: str | None = None,
+    keep_last: int = 3,
+    seed: int = 0,
+    tracking_uri: str | None = None,
+    experiment: str | None = None,
+    run_name: str = "ddpflow",
+    params: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    timeout_s: float = 120.0,
+    on_progress: Callable[[str], None] | None = None,
+    on_restart: Callable[[Restart], None] | None = None,
+) -> R:
+    """Run `train(ctx, *args)` on `world_size` Dask workers (default: all); rank 0's result.
+
+    checkpoint_dir: a folder or s3:// URI every rank can read, for ctx.save_checkpoint()
+        and ctx.resume(). A folder that already holds checkpoints is resumed from: give
+        each training its own.
+    tracking_uri + experiment: create an MLflow run (`run_name`, `params`) that rank 0's
+        ctx.log_metrics() logs into; it ends FINISHED, or FAILED on error. tracking_uri +
+        run_id: log into an existing run and leave its status alone. Neither: no tracking.
+    timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
+    on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
+    Raises ValueError/TypeError for bad input before any work, and a LaunchError
+    (RestartsExhausted, RepeatedFailure, WorkersNotBack) when the group cannot finish.
+    """
+    check_inputs(client, train, args, world_size, max_restarts, keep_last, timeout_s)
+    check_seed(seed)
+    check_tracking(tracking_uri, experiment, run_id)
+    owned = experiment is not None and run_id is None
+    ref = None
+    if owned:
+        ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {})
+    elif run_id is not None:
+        ref = RunRef(tracking_uri, run_id)
+    settings = TrainSettings(checkpoint_dir, keep_last, seed, ref.run_id if ref else None)
+
+    def restarted(restart: Restart) -> None:
+        if ref is not None:
+            log_restart(ref, restart.attempt, restart.cause)
+        if on_restart is not None:
+            on_restart(restart)
+
+    try:
+        results, _ = launch_with_restarts(
+            client,
+            _rank_entry,
+            train,
+            args,
+            settings,
+            ref,
+            world_size=world_size,
+            timeout_s=timeout_s,
+            max_restarts=max_restarts,
+            on_restart=restarted,
+            on_progress=on_progress,
+        )
+    except BaseException:
+        if owned:
+            end_run(ref, failed=True)
+        raise
+    if owned:
+        end_run(ref)
+    return results[0]
+
+
+def _rank_entry(
+    rank_ctx: Any, train: Callable[..., R], args: tuple, settings: TrainSettings, ref: RunRef | None
+) -> R:
+    """On each rank's worker: the user's function with its TrainContext, logger flushed after."""
+    logger = logger_for_rank(rank_ctx.is_main, ref) if ref is not None else None
+    try:
+        return train(TrainContext(rank_ctx, settings, logger), *args)
+    finally:
+        if logger is not None:
+            close_logger(logger)
+
+
+def check_inputs(
+    client: Any,
+    train: Any,
+    args: tuple,
+    world_size: Any,
+    max_restarts: Any,
+    keep_last: Any,
+    timeout_s: Any,
+) -> None:
+    """Fail before any work, naming the input and the fix."""
+    if not isinstance(client, distributed.Client):
+        raise TypeError(
+            f"client must be a distributed.Client, got {type(client).__name__}: "
+            "connect one with distributed.Client(cluster_or_address)"
+        )
+    check_train(train, args)
+    for name, value, low in (("max_restarts", max_restarts, 0), ("keep_last", keep_last, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}={value!r} must be an int >= {low}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise ValueError(f"timeout_s={timeout_s!r} must be a number of seconds > 0")
+    if world_size is None:
+        if not cluster_workers(client):
+            raise ValueError("the Dask cluster has no workers: start some, or wait for them")
+        return
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ValueError(f"world_size={world_size!r} must be an int >= 1 (or None: all workers)")
+    workers = len(cluster_workers(client))
+    if world_size > workers:
+        raise ValueError(
+            f"world_size={world_size} is larger than the Dask cluster ({workers} workers): "
+            f"pass world_size={workers} or less, or add workers"
+        )
+
+
+def check_train(train: Any, args: tuple) -> None:
+    """`train` must be callable as train(ctx, *args) and travel to the workers."""
+    if not callable(train):
+        raise TypeError(
+            f"train must be a function called as train(ctx, *args), got {type(train).__name__}"
+        )
+    try:
+        signature = inspect.signature(train)
+    except (TypeError, ValueError):
+        signature = None  # some builtins have none; the call itself will tell
+    if signature is not None:
+        try:
+            signature.bind(None, *args)
+        except TypeError as error:
+            name = getattr(train, "__name__", repr(train))
+            raise TypeError(
+                f"train={name} cannot be called as train(ctx, *args) with the {len(args)} "
+                f"argument(s) given: {error}"
+            ) from None
+    try:
+        cloudpickle.dumps((train, args))
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        raise TypeError(
+            f"train or its args cannot be sent to the Dask workers ({error}): define train "
+            "at module level and pass picklable arguments (no open files, locks or clients)"
+        ) from None
+
+
+def check_tracking(tracking_uri: str | None, experiment: str | None, run_id: str | None) -> None:
+    if experiment is not None and run_id is not None:
+        raise ValueError(
+            "pass experiment= (a new MLflow run) or run_id= (an existing one), not both"
+        )
+    if (experiment is not None or run_id is not None) and not tracking_uri:
+        raise ValueError(
+            "experiment= and run_id= need tracking_uri= (e.g. sqlite:///mlflow.db or "
+            "http://mlflow:5000)"
+        )
+    if tracking_uri and experiment is None and run_id is None:
+        raise ValueError(
+            f"tracking_uri={redact_url(tracking_uri)} is given but neither experiment= (a new "
+            "run) nor run_id= (an existing one): pass one, or drop tracking_uri"
+        )

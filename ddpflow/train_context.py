@@ -1,0 +1,200 @@
+"""What a user's training function gets on every rank: `train(ctx, *args)`.
+
+A thin layer over the launcher's RankContext that adds the parts every training repeats:
+metric logging (rank 0 only), checkpoints with exact resume, per-epoch reseeding and data
+sharding. It holds no config of its own beyond what ddpflow.run() hands each rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, overload
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ddpflow.batching import MAX_SEED, epoch_batches
+from ddpflow.checkpoint import CheckpointStore, encode, unwrap
+from ddpflow.distributed.context import RankContext
+from ddpflow.tracking import MetricLogger, NullLogger
+from ddpflow.train_loop import epoch_seed
+
+API_FORMAT_VERSION = 1
+T = TypeVar("T")
+
+
+class Stateful(Protocol):
+    """Anything a checkpoint can carry: a module, an optimizer, an LR scheduler, a GradScaler."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What ddpflow.run() hands every rank besides the user's arguments; small and picklable."""
+
+    checkpoint_dir: str | None = None
+    keep_last: int = 3
+    seed: int = 0
+    run_id: str | None = None
+
+
+class TrainContext:
+    """The rank's view of its DDP group, passed as the first argument of `train(ctx, ...)`."""
+
+    def __init__(
+        self, rank_ctx: RankContext, settings: TrainSettings, logger: MetricLogger | None = None
+    ):
+        self._rank_ctx = rank_ctx
+        self._settings = settings
+        self._logger = logger or NullLogger()
+        self._store = (
+            CheckpointStore(settings.checkpoint_dir, settings.keep_last)
+            if settings.checkpoint_dir
+            else None
+        )
+
+    @property
+    def rank(self) -> int:
+        return self._rank_ctx.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._rank_ctx.world_size
+
+    @property
+    def device(self) -> torch.device:
+        """cpu with gloo; cuda:0 with nccl (each GPU worker sees only its own GPU)."""
+        return self._rank_ctx.device
+
+    @property
+    def is_main(self) -> bool:
+        return self._rank_ctx.is_main
+
+    @property
+    def seed(self) -> int:
+        return self._settings.seed
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run this training logs into, or None when it is not tracked."""
+        return self._settings.run_id
+
+    def report(self, message: str) -> None:
+        """A progress line for whoever called ddpflow.run() (its `on_progress`, the Prefect
+        log). Every rank may send; send from rank 0 to get each line once."""
+        self._rank_ctx.report(message)
+
+    def heartbeat(self) -> None:
+        """Say this rank is alive. save_checkpoint() beats by itself; call it at least once
+        per `timeout_s` of ddpflow.run() (e.g. every step) or the group is failed as hung."""
+        self._rank_ctx.heartbeat()
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """To the MLflow run on rank 0, in the background; a no-op on other ranks and when
+        the training is not tracked. After a restart, steps already logged are skipped."""
+        self._logger.log_metrics(metrics, step=step)
+
+    def reseed(self, epoch: int) -> None:
+        """Seed torch's RNG from (seed, rank, epoch): call at the start of each epoch so that
+        dropout and other random ops after a resume repeat the uninterrupted run's."""
+        torch.manual_seed(epoch_seed(self.seed, self.rank, epoch))
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """The model on this rank's device, in DistributedDataParallel."""
+        model = model.to(self.device)
+        ids = [self.device.index or 0] if self.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+    @overload
+    def shard(self, data: int) -> torch.Tensor: ...
+    @overload
+    def shard(self, data: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def shard(self, data: Sequence[T]) -> list[T]: ...
+    def shard(self, data: Any) -> Any:
+        """This rank's fixed, disjoint part: every world_size-th item from `rank`.
+
+        `data` is a count (gives the indices), a tensor (gives its rows) or a sequence /
+        map-style dataset (gives a list). Parts differ by at most one item: fine for
+        evaluation; for training use batches(), whose ranks always take equal steps.
+        """
+        if isinstance(data, int) and not isinstance(data, bool):
+            return torch.arange(self.rank, data, self.world_size)
+        if not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+            raise TypeError(
+                f"shard(data) takes a count, a tensor or a sequence, got {type(data).__name__}"
+            )
+        index = torch.arange(self.rank, len(data), self.world_size)
+        if isinstance(data, torch.Tensor):
+            return data[index]
+        return [data[int(i)] for i in index]
+
+    def batches(self, num_samples: int, batch_size: int, epoch: int) -> list[torch.Tensor]:
+        """This rank's index batches for one epoch: one shuffle per (seed, epoch) shared by
+        all ranks, each sample once per epoch across ranks, and the same number of steps
+        on every rank (DDP waits forever for a rank that skips a step)."""
+        return epoch_batches(num_samples, batch_size, self.rank, self.world_size, self.seed, epoch)
+
+    def save_checkpoint(self, step: int, **objects: Stateful) -> None:
+        """Checkpoint after `step` (an epoch or step count, >= 1): call on EVERY rank.
+
+        Rank 0 writes the state_dict of each named object (model, optimizer, scheduler...)
+        into one file, then moves the `latest` pointer to it; no rank returns before it
+        is written, so a restart always finds it. Objects in DistributedDataParallel are
+        saved unwrapped.
+        """
+        store = self._require_store("save_checkpoint")
+        if step < 1:
+            raise ValueError(f"save_checkpoint(step={step}): step must be >= 1")
+        if not objects:
+            raise ValueError("save_checkpoint() got nothing to save: pass e.g. model=model")
+        if self.is_main:
+            states = {name: unwrap(obj).state_dict() for name, obj in objects.items()}
+            state = {"format_version": API_FORMAT_VERSION, "epoch": step, "states": states}
+            store.save_encoded(step, encode(state))
+            self._logger.set_tags({"ddpflow.latest_checkpoint": store.uri_for(step)})
+        if self.world_size > 1:
+            dist.barrier()
+        self.heartbeat()
+
+    def resume(self, **objects: Stateful) -> int:
+        """Load the latest checkpoint into the named objects; returns its step (0: none).
+
+        Call on every rank with the same names that save_checkpoint() got, before
+        training: continue with step + 1 (or epoch `step` counted from 0).
+        """
+        if self._store is None or self._store.latest_uri() is None:
+            return 0
+        state = self._store.load()
+        saved = state.get("states")
+        if not isinstance(saved, dict):
+            raise ValueError(
+                f"{self._store.latest_uri()} was not written by TrainContext.save_checkpoint(); "
+                "give ddpflow.run() a checkpoint_dir of its own"
+            )
+        if set(saved) != set(objects):
+            raise ValueError(
+                f"resume() got {sorted(objects)} but the checkpoint holds {sorted(saved)}: "
+                "pass the same names to resume() and save_checkpoint()"
+            )
+        for name, obj in objects.items():
+            unwrap(obj).load_state_dict(saved[name])
+        return int(state["epoch"])
+
+    def _require_store(self, what: str) -> CheckpointStore:
+        if self._store is None:
+            raise ValueError(
+                f"{what}() needs a checkpoint folder: pass checkpoint_dir=<folder or s3:// URI> "
+                "to ddpflow.run()"
+            )
+        return self._store
+
+
+def check_seed(seed: int) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed={seed!r} must be an int from 0 to {MAX_SEED}")

@@ -1,0 +1,1 @@
+"""Workloads written only against ddpflow's public API (docs/api.md)."""

@@ -1,0 +1,40 @@
+"""A user's flow whose training loses a worker mid-run, for the run_in_flow restart test:
+`python -m tests.integration.api_flows`. Rank 1 reports its pid after checkpoint 2 and the
+flow's own on_progress SIGKILLs it (see api_train_functions)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+from prefect import flow
+
+import ddpflow
+from flows.runner import dask_task_runner
+from tests.integration.api_train_functions import digits_killed_after_checkpoint
+
+
+@flow(name="digits-killed", task_runner=dask_task_runner())
+def digits_killed(epochs: int = 6) -> float:
+    killed: list[int] = []
+
+    def kill_reported_pid(line: str) -> None:
+        found = re.fullmatch(r"pid (\d+)", line)
+        if found and not killed:
+            killed.append(int(found.group(1)))
+            os.kill(killed[0], signal.SIGKILL)
+
+    accuracy = ddpflow.run_in_flow(
+        digits_killed_after_checkpoint,
+        epochs,
+        world_size=2,
+        checkpoint_dir=os.path.abspath("checkpoints"),
+        on_progress=kill_reported_pid,
+    )
+    print(f"killed {len(killed)} worker(s); held-out accuracy: {accuracy:.3f}")
+    return accuracy
+
+
+if __name__ == "__main__":
+    digits_killed()

@@ -1,0 +1,69 @@
+"""Training functions the public-API tests run through ddpflow.run(): here, in a module of
+their own, so the Dask worker processes import them by name (the test module imports pytest
+fixtures the workers do not need)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+import ddpflow
+from examples import digits
+
+KILL_AFTER_CHECKPOINT = 2
+
+
+class _ReportsPidAfterCheckpoint:
+    """A TrainContext that, on rank 1 right after checkpoint KILL_AFTER_CHECKPOINT, reports
+    "pid N" and waits to be killed. The wait makes the kill land mid-run on a training
+    whose epochs take a fraction of a second; the test's on_progress sends the SIGKILL."""
+
+    def __init__(self, ctx: ddpflow.TrainContext):
+        self._ctx = ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def save_checkpoint(self, step: int, **objects: Any) -> None:
+        self._ctx.save_checkpoint(step, **objects)
+        if self._ctx.rank == 1 and step == KILL_AFTER_CHECKPOINT:
+            self._ctx.report(f"pid {os.getpid()}")
+            # Heartbeats keep the group's watchdog quiet while the kill is on its way; a
+            # relaunch resumes after this checkpoint, so it never waits here again.
+            for _ in range(600):
+                self._ctx.heartbeat()
+                time.sleep(0.1)
+            raise RuntimeError("rank 1 was not killed within 60 s")
+
+
+def digits_killed_after_checkpoint(ctx: ddpflow.TrainContext, epochs: int) -> float:
+    """The example's training, with rank 1 offered up for a SIGKILL after checkpoint 2."""
+    return digits.train(_ReportsPidAfterCheckpoint(ctx), epochs)
+
+
+def resumes_model_only(ctx: ddpflow.TrainContext) -> int:
+    """Resumes a digits checkpoint (model, optimizer, scheduler) naming only the model."""
+    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
+    return ctx.resume(model=net)
+
+
+def touches_marker(ctx: ddpflow.TrainContext, marker: str) -> None:
+    """Leaves a file behind if it ever runs: pre-flight errors must come before this."""
+    with open(f"{marker}.{ctx.rank}", "w") as file:
+        file.write("ran")
+
+
+def holds_a_lock() -> Any:
+    """A closure over a lock: it cannot travel to a worker process."""
+    lock = threading.Lock()
+
+    def train(ctx: ddpflow.TrainContext) -> None:
+        with lock:
+            torch.zeros(1)
+
+    return train

@@ -1,0 +1,151 @@
+"""The public API for real: ddpflow.run() on a LocalCluster of two worker processes, the
+user's training function being examples/digits.py's, tracked in a real MLflow SQLite store.
+A worker is SIGKILLed mid-run by a real signal; nothing is mocked. Bad input must fail in
+the caller's process before any rank runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+import ddpflow
+from ddpflow.checkpoint import CheckpointStore
+from examples import digits
+from tests.integration import api_train_functions as functions
+
+pytestmark = pytest.mark.integration
+EPOCHS = 6  # the fewest that reach 0.9 held-out accuracy with margin (0.937 measured)
+
+
+def tracking(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+def final_state(checkpoint_dir: Path) -> dict:
+    state = CheckpointStore(str(checkpoint_dir)).load()
+    assert state["epoch"] == EPOCHS
+    return state["states"]
+
+
+@pytest.fixture(scope="module")
+def reference(dask_client, tmp_path_factory) -> dict:
+    """An uninterrupted, tracked run of the example: what the other tests compare with."""
+    folder = tmp_path_factory.mktemp("digits-reference")
+    lines: list[str] = []
+    accuracy = digits.run_digits(
+        dask_client,
+        str(folder / "checkpoints"),
+        epochs=EPOCHS,
+        tracking_uri=tracking(folder),
+        experiment="digits",
+        on_progress=lines.append,
+    )
+    return {"accuracy": accuracy, "folder": folder, "lines": lines}
+
+
+def the_run(folder: Path, experiment: str):
+    client = MlflowClient(tracking(folder))
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    return client, run
+
+
+def metric_steps(client: MlflowClient, run_id: str, key: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, key))
+
+
+# docs/api.md "A first training": the digits example reaches 0.9 held-out accuracy on two
+# ranks; its MLflow run ends FINISHED with each epoch's train_loss once and test_accuracy.
+def test_the_digits_example_trains_and_is_tracked(reference):
+    assert reference["accuracy"] >= 0.9
+    client, run = the_run(reference["folder"], "digits")
+    assert run.info.status == "FINISHED"
+    assert metric_steps(client, run.info.run_id, "train_loss") == list(range(1, EPOCHS + 1))
+    assert run.data.metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
+    # ctx.report() lines reach on_progress, one per epoch from rank 0, in order.
+    epochs = [int(m.group(1)) for m in map(re.compile(r"epoch (\d+)/").match, reference["lines"])]
+    assert epochs == list(range(1, EPOCHS + 1)), reference["lines"]
+
+
+# docs/api.md "Restarts and exact resume": a worker killed mid-run costs one restart, the
+# training resumes from its latest checkpoint, and the final weights are bitwise those of
+# the uninterrupted run; the metrics of re-run epochs are not logged twice.
+def test_a_killed_worker_costs_one_restart_and_the_resume_is_exact(
+    dask_client, reference, tmp_path
+):
+    dask_client.wait_for_workers(2, timeout=120)
+    addresses = {pid: address for address, pid in dask_client.run(os.getpid).items()}
+    killed: list[int] = []
+    restarts: list[ddpflow.Restart] = []
+
+    def kill_reported_pid(line: str) -> None:
+        found = re.fullmatch(r"pid (\d+)", line)
+        if found and not killed:
+            killed.append(int(found.group(1)))
+            os.kill(killed[0], signal.SIGKILL)
+
+    accuracy = ddpflow.run(
+        dask_client,
+        functions.digits_killed_after_checkpoint,
+        EPOCHS,
+        world_size=2,
+        checkpoint_dir=str(tmp_path / "checkpoints"),
+        tracking_uri=tracking(tmp_path),
+        experiment="digits-killed",
+        on_progress=kill_reported_pid,
+        on_restart=restarts.append,
+    )
+    assert len(killed) == 1, "rank 1 reported its pid once"
+    assert len(restarts) == 1, restarts
+    assert addresses[killed[0]] in restarts[0].cause, "the cause names the lost worker"
+    assert restarts[0].world_size == 2 and restarts[0].restarted_workers == []
+    reference_state = final_state(reference["folder"] / "checkpoints")
+    state = final_state(tmp_path / "checkpoints")
+    assert state["model"].keys() == reference_state["model"].keys()
+    for name, tensor in reference_state["model"].items():
+        assert torch.equal(state["model"][name], tensor), f"{name} differs after the resume"
+    assert accuracy == reference["accuracy"]
+    client, run = the_run(tmp_path, "digits-killed")
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["ddpflow.restarts"] == "1"
+    assert metric_steps(client, run.info.run_id, "train_loss") == list(range(1, EPOCHS + 1))
+    dask_client.wait_for_workers(2, timeout=120)  # the nanny's new worker, for later tests
+
+
+# docs/api.md "Errors": asking for more ranks than workers fails before any rank runs,
+# naming world_size and the worker count.
+def test_world_size_larger_than_the_cluster_fails_before_any_work(dask_client, tmp_path):
+    marker = tmp_path / "ran"
+    with pytest.raises(ValueError, match=r"world_size=3 .*\(2 workers\).*world_size=2 or less"):
+        ddpflow.run(dask_client, functions.touches_marker, str(marker), world_size=3)
+    assert list(tmp_path.iterdir()) == []
+
+
+# docs/api.md "Errors": a training function that cannot travel to the workers fails before
+# any work, naming the fix.
+def test_an_unpicklable_function_fails_before_any_work_naming_the_fix(dask_client):
+    with pytest.raises(TypeError, match=r"cannot be sent to the Dask workers.*module level"):
+        ddpflow.run(dask_client, functions.holds_a_lock())
+
+
+# docs/api.md "Checkpoints and resume": resume() with other names than the checkpoint holds
+# fails naming both sets.
+def test_resume_with_other_names_than_saved_names_the_mismatch(dask_client, reference, tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(reference["folder"] / "checkpoints", checkpoints)
+    dask_client.wait_for_workers(2, timeout=120)
+    started = time.monotonic()
+    with pytest.raises(ddpflow.LaunchError) as raised:
+        ddpflow.run(dask_client, functions.resumes_model_only, checkpoint_dir=str(checkpoints))
+    message = str(raised.value)
+    assert "resume() got ['model'] but the checkpoint holds" in message, message
+    assert "['model', 'optimizer', 'scheduler']" in message, message
+    assert isinstance(raised.value, ddpflow.RepeatedFailure), "not restarted twice in vain"
+    assert time.monotonic() - started < 60

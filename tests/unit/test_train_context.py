@@ -1,0 +1,139 @@
+"""The public API's pure parts: TrainContext (without a process group) and ddpflow.run's
+input checks that need no cluster."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ddpflow
+from ddpflow.api import check_tracking, check_train
+from ddpflow.distributed.context import RankContext
+from ddpflow.train_context import TrainContext, TrainSettings, check_seed
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def context(rank: int = 0, world_size: int = 1, checkpoint_dir: str | None = None, seed=0):
+    rank_ctx = RankContext(rank, world_size, torch.device("cpu"), "gloo")
+    return TrainContext(rank_ctx, TrainSettings(checkpoint_dir, keep_last=2, seed=seed))
+
+
+def test_public_names_are_exported_lazily():
+    # docs/api.md "Reference": these are the public names.
+    assert {"run", "TrainContext", "Restart", "LaunchError"} <= set(ddpflow.__all__)
+    assert all(getattr(ddpflow, name) for name in ddpflow.__all__)
+
+
+def test_shard_gives_each_rank_a_fixed_disjoint_part():
+    parts = [context(r, 3).shard(10) for r in range(3)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(10))
+    rows = torch.arange(20).reshape(10, 2)
+    assert torch.equal(context(1, 3).shard(rows), rows[parts[1]])
+    assert context(2, 3).shard("abcdefg") == ["c", "f"]
+    with pytest.raises(TypeError, match="shard\\(data\\) takes a count"):
+        context().shard(3.5)
+
+
+def test_batches_cover_each_sample_once_in_equal_steps():
+    ranks = [context(r, 2, seed=5).batches(101, 8, epoch=3) for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1])
+    assert sorted(torch.cat([torch.cat(b) for b in ranks]).tolist()) == list(range(101))
+    assert not torch.equal(torch.cat(ranks[0]), torch.cat(context(0, 2, seed=5).batches(101, 8, 4)))
+
+
+def test_reseed_depends_on_seed_rank_and_epoch():
+    def draw(ctx: TrainContext, epoch: int) -> torch.Tensor:
+        ctx.reseed(epoch)
+        return torch.rand(4)
+
+    assert torch.equal(draw(context(0), 2), draw(context(0), 2))
+    assert not torch.equal(draw(context(0), 2), draw(context(1, 2), 2))
+    assert not torch.equal(draw(context(0), 2), draw(context(0), 3))
+    assert not torch.equal(draw(context(0, seed=1), 2), draw(context(0), 2))
+
+
+def trained(steps: int) -> tuple[nn.Module, torch.optim.Optimizer, object]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Dropout(0.5), nn.Linear(4, 1))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    for _ in range(steps):
+        model(torch.ones(2, 3)).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    return model, optimizer, scheduler
+
+
+def test_resume_restores_every_named_object_in_one_load(tmp_path: Path):
+    # docs/api.md "Checkpoints": model, optimizer and any state_dict object come back.
+    ctx = context(checkpoint_dir=str(tmp_path))
+    assert ctx.resume() == 0, "nothing saved yet: start at 0"
+    model, optimizer, scheduler = trained(3)
+    ctx.save_checkpoint(3, model=model, optimizer=optimizer, scheduler=scheduler)
+    fresh, fresh_optimizer, fresh_scheduler = trained(0)
+    step = ctx.resume(model=fresh, optimizer=fresh_optimizer, scheduler=fresh_scheduler)
+    assert step == 3
+    for a, b in zip(model.state_dict().values(), fresh.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert fresh_scheduler.state_dict() == scheduler.state_dict()
+    assert fresh_optimizer.param_groups[0]["lr"] == optimizer.param_groups[0]["lr"] == 0.0125
+    assert fresh_optimizer.state_dict()["state"][0]["step"] == 3
+
+
+def test_resume_names_a_mismatch_with_what_was_saved(tmp_path: Path):
+    ctx = context(checkpoint_dir=str(tmp_path))
+    model, optimizer, _ = trained(1)
+    ctx.save_checkpoint(1, model=model, optimizer=optimizer)
+    with pytest.raises(ValueError, match=r"resume\(\) got \['model'\] but the checkpoint holds"):
+        ctx.resume(model=model)
+
+
+def test_checkpoints_need_a_folder_and_a_positive_step(tmp_path: Path):
+    model, _, _ = trained(0)
+    with pytest.raises(ValueError, match="pass checkpoint_dir="):
+        context().save_checkpoint(1, model=model)
+    assert context().resume(model=model) == 0, "no folder: nothing to resume"
+    with pytest.raises(ValueError, match="step must be >= 1"):
+        context(checkpoint_dir=str(tmp_path)).save_checkpoint(0, model=model)
+    with pytest.raises(ValueError, match="got nothing to save"):
+        context(checkpoint_dir=str(tmp_path)).save_checkpoint(1)
+
+
+def test_only_rank_0_writes_checkpoints(tmp_path: Path):
+    model, _, _ = trained(0)
+    context(1, 1, checkpoint_dir=str(tmp_path)).save_checkpoint(1, model=model)
+    assert list(tmp_path.iterdir()) == []
+
+
+def train_fn(ctx: TrainContext, epochs: int, lr: float = 0.1) -> None:
+    pass
+
+
+def test_train_must_be_callable_with_the_args_and_picklable():
+    with pytest.raises(TypeError, match="train must be a function"):
+        check_train("train.py", ())
+    with pytest.raises(TypeError, match="train=train_fn cannot be called as train"):
+        check_train(train_fn, (1, 2, 3))
+    with pytest.raises(TypeError, match="cannot be sent to the Dask workers"):
+        check_train(train_fn, (threading.Lock(),))
+    check_train(train_fn, (2,))
+
+
+def test_tracking_options_must_make_sense():
+    with pytest.raises(ValueError, match="need tracking_uri="):
+        check_tracking(None, "exp", None)
+    with pytest.raises(ValueError, match="not both"):
+        check_tracking("sqlite:///m.db", "exp", "abc")
+    with pytest.raises(ValueError, match="neither experiment="):
+        check_tracking("http://user:hunter2@mlflow:5000", None, None)
+    try:
+        check_tracking("http://user:hunter2@mlflow:5000", None, None)
+    except ValueError as error:
+        assert "hunter2" not in str(error), "the password never reaches a message"
+    with pytest.raises(ValueError, match="seed=-1 must be an int"):
+        check_seed(-1)
