@@ -22,7 +22,8 @@ from ddpflow.preflight import (
     probe_http_off_loop,
 )
 from ddpflow.redact import redact_url
-from flows.runner import current_dask_client, prefect_api_url
+from flows.runner import prefect_api_url
+from tasks.flow_client import current_dask_client
 
 # Slack on top of the probe's own timeout for the scheduler's round trip to every worker.
 PROBE_SLACK_S = 10.0

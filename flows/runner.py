@@ -14,7 +14,6 @@ from typing import Any
 import dask
 import distributed
 from distributed.deploy import Cluster
-from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
@@ -164,15 +163,3 @@ def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
         cluster_class=_cluster_for_flow,
         cluster_kwargs={"kind": settings.cluster_kind, "options": options},
     )
-
-
-def current_dask_client() -> distributed.Client:
-    """The running flow's Dask client; touching it starts the cluster if it is not up yet.
-
-    The DDP launcher uses it from the flow process, so no task holds a worker thread while
-    the ranks pinned to the workers wait to start.
-    """
-    context = FlowRunContext.get()
-    if context is None or not isinstance(context.task_runner, DaskTaskRunner):
-        raise RuntimeError("current_dask_client() must be called inside a flow on a DaskTaskRunner")
-    return context.task_runner.client

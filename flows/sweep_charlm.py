@@ -39,10 +39,11 @@ from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag
 from flows.params import ParameterError, SweepParams, validate_params
 from flows.preflight import run_preflight
 from flows.redacted_flow import flow
-from flows.runner import current_dask_client, dask_task_runner
+from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
 from tasks.charlm import download_corpus, format_training_data, register
+from tasks.flow_client import current_dask_client
 from tasks.retrain import score_and_promote
 from tasks.sweep import TABLE_KEY, publish_table, train_trial
 

@@ -16,7 +16,7 @@ from prefect.context import FlowRunContext
 
 from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
-from flows.runner import current_dask_client
+from tasks.flow_client import current_dask_client
 
 R = TypeVar("R")
 

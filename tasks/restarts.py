@@ -12,7 +12,7 @@ from ddpflow.config import Settings
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
-from flows.runner import current_dask_client
+from tasks.flow_client import current_dask_client
 from tasks.progress_artifact import training_progress
 
 

@@ -11,7 +11,7 @@ from ddpflow.charlm.training import TrainResult
 from ddpflow.config import Settings
 from ddpflow.distributed import launch
 from ddpflow.sweep import TrialJob, trial_rank
-from flows.runner import current_dask_client
+from tasks.flow_client import current_dask_client
 from tasks.progress_artifact import training_progress
 
 TABLE_KEY = "charlm-sweep"

@@ -76,3 +76,20 @@ def test_the_image_optimizer_is_the_one_asked_for(kind, cls):
 def test_an_unknown_optimizer_is_named():
     with pytest.raises(ValueError, match=r"optimizer='lamb' is not one of adam, sgd"):
         make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+
+
+def test_imports_only_go_down_the_layers():
+    # README "Layout": flows/ (entry points) use tasks/ (Prefect tasks), which use
+    # ddpflow/ (the library); nothing imports a layer above its own, so a task or library
+    # module can be reused without the built-in flows.
+    above = {"ddpflow": ("flows", "tasks"), "tasks": ("flows",)}
+    offenders = {
+        str(path.relative_to(REPO)): sorted(
+            m for m in _imported_modules(path) if m.split(".")[0] in higher
+        )
+        for layer, higher in above.items()
+        for path in (REPO / layer).rglob("*.py")
+    }
+    # The one exception: the package's front door re-exports the Prefect task lazily
+    # (`ddpflow.run_in_flow`), loaded only when a user asks for it.
+    assert {p: m for p, m in offenders.items() if m} == {"ddpflow/__init__.py": ["tasks.ddp"]}
