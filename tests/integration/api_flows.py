@@ -5,26 +5,17 @@ flow's own on_progress SIGKILLs it (see api_train_functions)."""
 from __future__ import annotations
 
 import os
-import re
-import signal
 
 from prefect import flow
 
 import ddpflow
 from flows.runner import dask_task_runner
-from tests.integration.api_train_functions import digits_killed_after_checkpoint
+from tests.integration.api_train_functions import KillReportedPid, digits_killed_after_checkpoint
 
 
 @flow(name="digits-killed", task_runner=dask_task_runner())
 def digits_killed(epochs: int = 6) -> float:
-    killed: list[int] = []
-
-    def kill_reported_pid(line: str) -> None:
-        found = re.fullmatch(r"pid (\d+)", line)
-        if found and not killed:
-            killed.append(int(found.group(1)))
-            os.kill(killed[0], signal.SIGKILL)
-
+    kill_reported_pid = KillReportedPid()
     accuracy = ddpflow.run_in_flow(
         digits_killed_after_checkpoint,
         epochs,
@@ -32,7 +23,7 @@ def digits_killed(epochs: int = 6) -> float:
         checkpoint_dir=os.path.abspath("checkpoints"),
         on_progress=kill_reported_pid,
     )
-    print(f"killed {len(killed)} worker(s); held-out accuracy: {accuracy:.3f}")
+    print(f"killed {len(kill_reported_pid.killed)} worker(s); held-out accuracy: {accuracy:.3f}")
     return accuracy
 
 

@@ -5,6 +5,8 @@ fixtures the workers do not need)."""
 from __future__ import annotations
 
 import os
+import re
+import signal
 import threading
 import time
 from typing import Any
@@ -39,6 +41,19 @@ class _ReportsPidAfterCheckpoint:
                 self._ctx.heartbeat()
                 time.sleep(0.1)
             raise RuntimeError("rank 1 was not killed within 60 s")
+
+
+class KillReportedPid:
+    """An on_progress callback: SIGKILLs the first "pid N" a rank reports, once."""
+
+    def __init__(self) -> None:
+        self.killed: list[int] = []
+
+    def __call__(self, line: str) -> None:
+        found = re.fullmatch(r"pid (\d+)", line)
+        if found and not self.killed:
+            self.killed.append(int(found.group(1)))
+            os.kill(self.killed[0], signal.SIGKILL)
 
 
 def digits_killed_after_checkpoint(ctx: ddpflow.TrainContext, epochs: int) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import time
 from pathlib import Path
 
@@ -82,14 +81,8 @@ def test_a_killed_worker_costs_one_restart_and_the_resume_is_exact(
 ):
     dask_client.wait_for_workers(2, timeout=120)
     addresses = {pid: address for address, pid in dask_client.run(os.getpid).items()}
-    killed: list[int] = []
+    kill_reported_pid = functions.KillReportedPid()
     restarts: list[ddpflow.Restart] = []
-
-    def kill_reported_pid(line: str) -> None:
-        found = re.fullmatch(r"pid (\d+)", line)
-        if found and not killed:
-            killed.append(int(found.group(1)))
-            os.kill(killed[0], signal.SIGKILL)
 
     accuracy = ddpflow.run(
         dask_client,
@@ -102,6 +95,7 @@ def test_a_killed_worker_costs_one_restart_and_the_resume_is_exact(
         on_progress=kill_reported_pid,
         on_restart=restarts.append,
     )
+    killed = kill_reported_pid.killed
     assert len(killed) == 1, "rank 1 reported its pid once"
     assert len(restarts) == 1, restarts
     assert addresses[killed[0]] in restarts[0].cause, "the cause names the lost worker"
