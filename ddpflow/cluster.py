@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import multiprocessing
 import shlex
 from collections.abc import Mapping
 from types import ModuleType
@@ -35,6 +36,13 @@ WORKER_CONFIG = {
     # them in again: 0.85x torchrun's samples/s with it, 0.99x without (bench/launch.py).
     f"{PRE_SPAWN_ENVIRON}.MALLOC_TRIM_THRESHOLD_": None,
 }
+# Worker processes of a local cluster fork from one server process that has imported these
+# once, instead of each starting a fresh interpreter that imports them again: torch alone is
+# about 5 s of CPU per worker start (and per restart after a lost worker) on a 2-core
+# machine. None of them reads settings at import. Prefect is left out on purpose: it reads
+# its settings (PREFECT_API_URL) when imported, and a worker must read the ones its nanny
+# gives it, not the ones of the process the server forked from.
+FORKSERVER_PRELOAD = ["distributed", "numpy", "torch"]
 # The same settings as environment variables, for `dask worker` processes ddpflow does not
 # start itself (the stack, the image, job scripts, pods); a unit test parses them as Dask
 # does and compares. Dask lowercases the names of DASK_* variables, so the upper-case
@@ -106,6 +114,7 @@ def local_cluster(
     `cluster_kwargs` go to LocalCluster (e.g. threads_per_worker, resources).
     """
     dask.config.set(WORKER_CONFIG)
+    _fork_workers_from_a_preloaded_server()
     if quiet:
         # Dask's INFO lines (every nanny and client start/stop) drown the flow's own output;
         # warnings and errors still show. Worker processes set up their logging when they
@@ -122,6 +131,15 @@ def local_cluster(
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
     return distributed.LocalCluster(n_workers=num_workers, **kwargs)
+
+
+def _fork_workers_from_a_preloaded_server() -> None:
+    """Dask's nanny starts workers with this process's multiprocessing context: make it a
+    forkserver that preloads FORKSERVER_PRELOAD. Dask sets its own preload list the first
+    time it builds the context, so that call comes first and this list replaces it."""
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    distributed.utils.get_mp_context()
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 def build_cluster(
