@@ -5,7 +5,9 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import signal
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -121,3 +123,13 @@ def machine() -> dict[str, Any]:
 def print_results(title: str, results: list[Result]) -> None:
     print(f"\n== {title} ==")
     print(format_table(results))
+
+
+def stop_cleanly_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so every `finally` of a benchmark runs.
+
+    `timeout` and job schedulers stop a process with SIGTERM, whose default action ends it at
+    once: the Prefect servers, Dask clusters and flows a benchmark started would outlive it
+    and slow whatever runs next. SystemExit unwinds through their `finally` blocks instead.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

@@ -46,7 +46,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from bench.common import BENCH_THREADS, Result, median, print_results
+from bench.common import BENCH_THREADS, Result, median, print_results, stop_cleanly_on_sigterm
 from bench.seed_reference import Model, OurDataset
 from ddpflow.batching import epoch_batches
 from ddpflow.charlm.corpus import load_names
@@ -270,6 +270,7 @@ def run(quick: bool = False, world_sizes: tuple[int, ...] = (1, 2)) -> list[Resu
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="python -m bench.input_path",
         description=__doc__,

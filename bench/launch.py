@@ -36,7 +36,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Result, print_results
+from bench.common import Result, print_results, stop_cleanly_on_sigterm
 from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
 from bench.launch_timing import Timeline
 
@@ -183,6 +183,7 @@ def run(quick: bool = False, warm: bool | None = None) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="python -m bench.launch",
         description=__doc__,

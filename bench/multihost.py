@@ -19,7 +19,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from bench.common import Result, print_results
+from bench.common import Result, print_results, stop_cleanly_on_sigterm
 from bench.launch_runs import QUICK_NAMES, run_flow, source_file
 from bench.launch_timing import Timeline
 from infra.netns_cluster import NetnsCluster, netns_cluster
@@ -67,6 +67,7 @@ def run(quick: bool = False) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="python -m bench.multihost",
         description=__doc__,

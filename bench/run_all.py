@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench import formatting, input_path, launch, tracking_cost
-from bench.common import Result, format_table, load_average, machine
+from bench.common import Result, format_table, load_average, machine, stop_cleanly_on_sigterm
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Cheapest first; launch is last because it starts the most processes.
@@ -59,6 +59,7 @@ def write_json(path: Path, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="python -m bench.run_all",
         description=__doc__,

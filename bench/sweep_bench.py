@@ -22,6 +22,7 @@ from pathlib import Path
 import distributed
 import torch
 
+from bench.common import stop_cleanly_on_sigterm
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.charlm.training import TrainResult
@@ -127,6 +128,7 @@ def _trials(args: argparse.Namespace) -> list[TrialSpec]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     args = _parse(argv)
     specs = _trials(args)
     with tempfile.TemporaryDirectory(prefix="ddpflow-sweep-bench-") as tmp:

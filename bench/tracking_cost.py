@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from bench.common import BENCH_THREADS, Result, print_results
+from bench.common import BENCH_THREADS, Result, print_results, stop_cleanly_on_sigterm
 from ddpflow.batching import epoch_batches
 from ddpflow.charlm.corpus import load_names, split_holdout
 from ddpflow.charlm.formatting import format_names, split_xy
@@ -167,6 +167,7 @@ def run(quick: bool = False) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog="python -m bench.tracking_cost",
         description=__doc__,

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -13,9 +17,30 @@ from mlflow.tracking import MlflowClient
 from ddpflow.checkpoint import CheckpointStore
 
 EPOCHS = 3
+CORPUS = Path(__file__).resolve().parents[2] / "ddpflow" / "charlm" / "data" / "census_names.json"
+SMALL_CORPUS_NAMES = 16_000
+
+
+def small_corpus() -> Path:
+    """The first SMALL_CORPUS_NAMES names of the shipped corpus (about a third) in a file every
+    test process shares: an epoch of a 2-rank tiny training takes about 3 s instead of 9 s,
+    still long enough to kill a worker mid-run after the first checkpoint."""
+    corpus = CORPUS.read_bytes()
+    digest = hashlib.sha256(corpus).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"ddpflow-test-names-{SMALL_CORPUS_NAMES}-{digest}.json"
+    if not path.exists():
+        names = json.loads(corpus)[:SMALL_CORPUS_NAMES]
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(names))
+        os.replace(partial, path)  # concurrent test processes write the same bytes
+    return path
+
+
 # Two layers with dropout: the LSTM draws dropout masks between its layers, so a resume is
 # exact only if the RNG is reseeded per epoch (one layer would draw nothing at all).
 TINY = [
+    "--source",
+    str(small_corpus()),
     "--epochs",
     str(EPOCHS),
     "--hidden-size",

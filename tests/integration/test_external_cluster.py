@@ -26,7 +26,7 @@ import pytest
 
 from infra.procs import Service, pid_alive
 from infra.services import free_port, start_dask, start_prefect_server, stop
-from tests.integration.conftest import REPO, project_env, run_flow
+from tests.integration.conftest import REPO, project_env, project_tracking, run_flow
 
 pytestmark = pytest.mark.integration
 MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
@@ -230,7 +230,9 @@ def test_preflight_stops_a_flow_whose_workers_cannot_reach_its_api(tmp_path: Pat
     assert result.returncode != 0, output[-3000:]
     assert "2 of 2 Dask workers cannot reach the flow's embedded Prefect API" in output, output
     assert "prefect server start --host 0.0.0.0" in output and "PREFECT_API_URL" in output
-    assert not (project / "mlflow.db").exists(), "pre-flight failed before any MLflow run"
+    assert not project_tracking(project).search_experiments(filter_string="name != 'Default'"), (
+        "pre-flight failed before any MLflow run"
+    )
     assert not (project / "artifacts").exists(), "nothing was downloaded"
     assert_none_left(mark)
 

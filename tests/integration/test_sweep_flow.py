@@ -14,6 +14,7 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
+from tests.integration.charlm_runs import small_corpus
 from tests.integration.conftest import prefect_cli, prefect_records, project_env, run_flow
 
 pytestmark = pytest.mark.integration
@@ -45,6 +46,8 @@ ARGS = [
     MODEL,
     "--promote",
     "true",
+    "--source",  # a third of the shipped corpus: shorter epochs, the same code path
+    str(small_corpus()),
 ]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
