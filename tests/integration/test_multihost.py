@@ -188,7 +188,8 @@ def test_a_relaunch_after_a_stuck_rank_starts_within_seconds(restored, tmp_path)
         )
     failed_at = float((tmp_path / "rank0").read_text())
     assert len(restarts) == 1
-    assert max(results) - failed_at < 10, f"relaunch ran {max(results) - failed_at:.1f}s later"
+    # Seconds, not the launch's 60 s timeout: 14 s was seen with 6 runnable processes per core.
+    assert max(results) - failed_at < 25, f"relaunch ran {max(results) - failed_at:.1f}s later"
 
 
 def test_the_image_flow_on_two_hosts_with_an_s3_artifact_root(restored, tmp_path, monkeypatch):
