@@ -57,6 +57,19 @@ def _import_torch() -> str:
     return torch.__version__
 
 
+def _parent_command_line() -> str:
+    return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+# docs/charlm.md: a LocalCluster's workers fork from a server process that imported torch
+# once, so a worker start (and a restart after a lost worker) does not import it again.
+def test_workers_fork_from_a_server_that_preloaded_torch(dask_client):
+    parents = dask_client.run(_parent_command_line)
+    assert len(parents) == 2
+    for command in parents.values():
+        assert "multiprocessing.forkserver" in command and "'torch'" in command, command
+
+
 def test_two_ranks_form_one_group_one_thread_each(dask_client):
     results = launch(dask_client, _all_reduce_rank, world_size=2, timeout_s=30)
     assert [r[0] for r in results] == [0, 1]

@@ -83,6 +83,12 @@ def trained(tmp_path_factory) -> dict:
     }
 
 
+# docs/charlm.md: the workers exit by themselves when the flow closes its cluster (the nanny
+# kills one that is still there after its 4 s close timeout, and says so).
+def test_the_flows_workers_exit_without_being_killed(trained):
+    assert "still alive after" not in trained["stdout"], trained["stdout"][-3000:]
+
+
 def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
     runs = trained["runs"]
     assert len(runs) == 1
