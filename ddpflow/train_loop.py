@@ -23,7 +23,7 @@ from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking import MetricLogger
-from ddpflow.training_progress import StepProgress, StepReporter
+from ddpflow.training_progress import StepProgress, StepReporter, StepWindow
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 ToBatch = Callable[[torch.Tensor], Batch]
@@ -156,30 +156,6 @@ def _batches(data: torch.Tensor, plan: FitPlan, ctx: RankContext, epoch: int) ->
     return epoch_batches(len(data), plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch)
 
 
-class _Window:
-    """Sums over the steps between two per-step log lines."""
-
-    def __init__(self) -> None:
-        self.loss, self.samples, self.steps = 0.0, 0, 0
-        self.extra: dict[str, float] = {}
-        self.start = time.perf_counter()
-
-    def add(self, loss: float, samples: int, extra: Mapping[str, float]) -> None:
-        self.loss += loss
-        self.samples += samples
-        self.steps += 1
-        for key, value in extra.items():
-            self.extra[key] = self.extra.get(key, 0.0) + float(value)
-
-    def metrics(self, world_size: int) -> dict[str, float]:
-        return {
-            "train_loss": self.loss / self.steps,
-            # Ranks step in lockstep, so rank 0's rate times the world size is global.
-            "samples_per_s": self.samples * world_size / (time.perf_counter() - self.start),
-            **{key: total / self.steps for key, total in self.extra.items()},
-        }
-
-
 class _Progress:
     """Rank 0's progress lines for the flow's log (RankContext.report): one per epoch, and
     within an epoch one at most every `every_s` seconds, so short epochs stay quiet. The
@@ -250,7 +226,7 @@ def _train_epoch(
 ):
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
-    window = _Window()
+    window = StepWindow()
     for i, index in enumerate(_batches(data, plan, ctx, epoch)):
         x, y = to_batch(data[index])
         x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
@@ -268,7 +244,7 @@ def _train_epoch(
             logger.log_metrics(metrics, step=first_step + i + 1)
             if progress is not None:
                 progress.step(epoch, i + 1, metrics["train_loss"])
-            window = _Window()
+            window = StepWindow()
     _all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
 

@@ -9,6 +9,7 @@ local call on the worker: it never blocks or fails a step.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -79,3 +80,27 @@ class StepReporter:
             distributed.get_worker().log_event(self.topic, progress.to_event())
         except (ValueError, RuntimeError):  # not in a Dask worker: nobody follows
             pass
+
+
+class StepWindow:
+    """Sums over the steps between two per-step log lines."""
+
+    def __init__(self) -> None:
+        self.loss, self.samples, self.steps = 0.0, 0, 0
+        self.extra: dict[str, float] = {}
+        self.start = time.perf_counter()
+
+    def add(self, loss: float, samples: int, extra: Mapping[str, float]) -> None:
+        self.loss += loss
+        self.samples += samples
+        self.steps += 1
+        for key, value in extra.items():
+            self.extra[key] = self.extra.get(key, 0.0) + float(value)
+
+    def metrics(self, world_size: int) -> dict[str, float]:
+        return {
+            "train_loss": self.loss / self.steps,
+            # Ranks step in lockstep, so rank 0's rate times the world size is global.
+            "samples_per_s": self.samples * world_size / (time.perf_counter() - self.start),
+            **{key: total / self.steps for key, total in self.extra.items()},
+        }
