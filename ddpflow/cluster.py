@@ -39,7 +39,8 @@ WORKER_CONFIG = {
 # Worker processes of a local cluster fork from one server process that has imported these
 # once, instead of each starting a fresh interpreter that imports them again: torch alone is
 # about 5 s of CPU per worker start (and per restart after a lost worker) on a 2-core
-# machine. None of them reads settings at import. Prefect is left out on purpose: it reads
+# machine. None of them reads settings or starts a thread at import, and importing torch does
+# not initialise CUDA, so a forked worker can still use its GPU. Prefect is left out: it reads
 # its settings (PREFECT_API_URL) when imported, and a worker must read the ones its nanny
 # gives it, not the ones of the process the server forked from.
 FORKSERVER_PRELOAD = ["distributed", "numpy", "torch"]
