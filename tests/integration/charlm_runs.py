@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import json
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -10,6 +13,7 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.checkpoint import CheckpointStore
 
 EPOCHS = 3
@@ -33,6 +37,16 @@ TINY = [
     "--keep-last",
     "10",
 ]
+
+
+@functools.cache
+def small_corpus(num_names: int = 4000) -> Path:
+    """The shipped corpus's first `num_names` names as a JSON file, made once per session:
+    epochs of a tenth of the full corpus, for tests that train many times."""
+    names = json.loads(DEFAULT_CORPUS_PATH.read_text())[:num_names]
+    path = Path(tempfile.mkdtemp(prefix="ddpflow-small-corpus-")) / "names.json"
+    path.write_text(json.dumps(names))
+    return path
 
 
 def wait_for_checkpoint(project: Path, epoch: int, proc: subprocess.Popen, timeout_s=300) -> None:
