@@ -44,6 +44,7 @@ def throughput_png(rows: Sequence[dict[str, Any]], title: str, dpi: int = 100) -
         ax.plot(sizes, rates, marker="o", label="measured")
         if baseline is not None:
             ax.plot(sizes, [n * baseline for n in sizes], linestyle="--", label="linear")
+        ax.set_ylim(bottom=0)  # a ratio read off the picture needs the zero
         ax.legend(fontsize=8)
     else:
         _note(ax, "no world size completed")
