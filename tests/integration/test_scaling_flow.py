@@ -69,6 +69,11 @@ def test_one_parent_run_with_a_child_run_per_world_size(scaled) -> None:
         assert child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags["ddpflow.scaling.world_size"] == str(size)
+    # docs/scaling.md: one size after another, smallest first, never at the same time.
+    one, two = scaled["children"][1], scaled["children"][2]
+    assert one.info.end_time <= two.info.start_time
+    # Nothing is evaluated or registered.
+    assert not scaled["client"].search_registered_models()
 
 
 def test_child_runs_are_recorded_like_a_training(scaled) -> None:
@@ -111,7 +116,10 @@ def test_the_table_is_a_prefect_artifact_with_efficiency(scaled) -> None:
 def test_the_parent_run_holds_the_plots_and_the_table(scaled) -> None:
     client, parent = scaled["client"], scaled["parents"][0]
     paths = {a.path for a in client.list_artifacts(parent.info.run_id, "scaling")}
-    assert {*PNGS, "scaling/scaling.csv", "scaling/scaling.json"} <= paths
+    assert {*PNGS, "scaling/scaling.csv", "scaling/scaling.json", "scaling/scaling.md"} <= paths
+    for key in ("samples_per_s", "efficiency"):  # step = world size
+        steps = [m.step for m in client.get_metric_history(parent.info.run_id, key)]
+        assert sorted(steps) == [1, 2], key
     for name in PNGS:
         with open(client.download_artifacts(parent.info.run_id, name), "rb") as f:
             assert f.read(8) == PNG_MAGIC
