@@ -54,7 +54,7 @@ def scaled(tmp_path_factory) -> dict:
         "children": {int(r.data.params["world_size"]): r for r in children},
         "num_children": len(children),
         # Read once: each read starts Prefect's embedded API in a new process.
-        "artifacts": {a["key"]: a for a in prefect_records(project)["artifacts"]},
+        "prefect": prefect_records(project),
     }
 
 
@@ -94,7 +94,7 @@ def test_child_runs_are_recorded_like_a_training(scaled) -> None:
 
 
 def _rows(scaled) -> list[dict]:
-    table = scaled["artifacts"]["charlm-scaling"]
+    (table,) = [a for a in scaled["prefect"]["artifacts"] if a["key"] == "charlm-scaling"]
     assert table["type"] == "table"
     data = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
     return data
@@ -127,6 +127,13 @@ def test_the_parent_run_holds_the_plots_and_the_table(scaled) -> None:
         rows = list(csv.DictReader(io.StringIO(f.read())))
     assert [r["world_size"] for r in rows] == ["1", "2"]
     assert [r["samples_per_s"] for r in rows] == [str(r["samples_per_s"]) for r in _rows(scaled)]
+
+
+def test_the_flow_run_is_tagged_with_its_workload(scaled) -> None:
+    flow_run_id = scaled["parents"][0].data.tags["prefect.flow_run_id"]
+    (flow_run,) = [r for r in scaled["prefect"]["flow_runs"] if r["id"] == flow_run_id]
+    assert "workload:charlm-scaling" in flow_run["tags"]
+    assert flow_run["state"]["type"] == "COMPLETED"
 
 
 def test_the_summary_prints_the_table(scaled) -> None:
