@@ -1,7 +1,8 @@
 """The pet-name pipeline shared by the train and retrain flows.
 
 download -> format -> train (DDP) -> evaluate -> register, inside the calling flow (its task
-runner and its flow run), with pre-flight first and exactly one MLflow run.
+runner and its flow run), with pre-flight first and exactly one MLflow run. The scaling flow
+reuses its steps (prepare_corpus, start_charlm_run, charlm_job) for each world size's run.
 """
 
 from __future__ import annotations
