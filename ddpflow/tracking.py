@@ -283,3 +283,13 @@ def metric_history(run: RunRef, key: str) -> list[tuple[int, float]]:
     """(step, value) pairs of one metric, in step order."""
     history = MlflowClient(run.tracking_uri).get_metric_history(run.run_id, key)
     return sorted((m.step, m.value) for m in history)
+
+
+def log_files(run: RunRef, files: Mapping[str, bytes], folder: str) -> None:
+    """Log in-memory files (plots, tables) as artifacts of `run` under `folder`."""
+    logger = MlflowLogger(run)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            path = os.path.join(tmp, name)
+            Path(path).write_bytes(data)
+            logger.log_artifact(path, folder)

@@ -1,7 +1,8 @@
 """The pet-name pipeline shared by the train and retrain flows.
 
 download -> format -> train (DDP) -> evaluate -> register, inside the calling flow (its task
-runner and its flow run), with pre-flight first and exactly one MLflow run.
+runner and its flow run), with pre-flight first and exactly one MLflow run. The scaling flow
+reuses its steps (prepare_corpus, start_charlm_run, charlm_job) for each world size's run.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 from prefect.runtime import flow_run
 
 from ddpflow import storage
-from ddpflow.charlm.data import FormattedCorpus
+from ddpflow.charlm.data import FormattedCorpus, SourceCopy
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
@@ -65,6 +66,23 @@ def run_charlm_pipeline(
     tag_flow_run(WORKLOAD)
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.
     ranks = run_preflight(settings, params.world_size)
+    raw, corpus = prepare_corpus(params, settings)
+    datasets = corpus_datasets(corpus, params.source)
+    run = start_charlm_run(params, settings, raw.sha256, corpus, datasets, len(ranks), tags)
+    # Everything a run writes lives under its own folder: concurrent runs never collide.
+    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
+    try:
+        summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
+    except BaseException:
+        end_run(run, failed=True)
+        raise
+    end_run(run)
+    publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
+    return summary, run, corpus
+
+
+def prepare_corpus(params: CharLMParams, settings: Settings) -> tuple[SourceCopy, FormattedCorpus]:
+    """Download the names and format them into tensors (each step reused when unchanged)."""
     raw = download_corpus.submit(params.source, settings.artifact_root).result()
     corpus = format_training_data.submit(
         raw.uri, settings.artifact_root, params.holdout_fraction
@@ -76,19 +94,34 @@ def run_charlm_pipeline(
         f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
         + (f" ({' and '.join(reused)} reused)" if reused else "")
     )
-    datasets = corpus_datasets(corpus, params.source)
+    return raw, corpus
+
+
+def start_charlm_run(
+    params: CharLMParams,
+    settings: Settings,
+    data_sha256: str,
+    corpus: FormattedCorpus,
+    datasets: list[DatasetRef],
+    world_size: int,
+    tags: dict[str, str] | None = None,
+    parent: RunRef | None = None,
+) -> RunRef:
+    """The training's MLflow run: parameters, the readable name, the description with the
+    flow run's link, and the input datasets. With `parent`, a child run named after its world
+    size (a scaling run's sizes), recorded exactly like a lone training."""
     run_name, identity_tags = run_identity(
         run_origin(), f"charlm-{flow_run.get_id()}", "A pet-name model (charlm)", datasets
     )
     run = start_run(
         settings.tracking_uri,
         params.experiment,
-        run_name=run_name,
+        run_name=run_name if parent is None else f"{run_name} world size {world_size}",
         params={
             **params.model_dump(),
             "source": redact_url(params.source),
-            "world_size": len(ranks),
-            "data_sha256": raw.sha256,
+            "world_size": world_size,
+            "data_sha256": data_sha256,
             "num_train_samples": corpus.num_train_samples,
         },
         tags={
@@ -98,18 +131,10 @@ def run_charlm_pipeline(
             **(tags or {}),
         },
         artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+        parent_run_id=parent.run_id if parent else None,
     )
     log_datasets(run, datasets)
-    # Everything a run writes lives under its own folder: concurrent runs never collide.
-    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
-        summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
-    end_run(run)
-    publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
-    return summary, run, corpus
+    return run
 
 
 def corpus_datasets(corpus: FormattedCorpus, source: str) -> list[DatasetRef]:
@@ -131,17 +156,16 @@ def corpus_datasets(corpus: FormattedCorpus, source: str) -> list[DatasetRef]:
     return describe_datasets.submit(inputs, redact_url(source)).result()
 
 
-def _train_evaluate_register(
-    params: CharLMParams, corpus: FormattedCorpus, run: RunRef, run_dir: str, world_size: int
-) -> CharLMSummary:
-    model_config = CharLSTMConfig(
-        hidden_size=params.hidden_size, num_layers=params.num_layers, dropout=params.dropout
-    )
-    checkpoint_dir = storage.join(run_dir, "checkpoints")
-    job = CharLMTrainJob(
+def charlm_job(
+    params: CharLMParams, corpus: FormattedCorpus, run: RunRef, checkpoint_dir: str
+) -> CharLMTrainJob:
+    """What every rank of the training gets: data, model, optimisation, run, checkpoints."""
+    return CharLMTrainJob(
         train_uri=corpus.train_uri,
         val_uri=corpus.val_uri,
-        model=model_config,
+        model=CharLSTMConfig(
+            hidden_size=params.hidden_size, num_layers=params.num_layers, dropout=params.dropout
+        ),
         epochs=params.epochs,
         batch_size=params.batch_size,
         lr=params.lr,
@@ -150,6 +174,13 @@ def _train_evaluate_register(
         keep_last=params.keep_last,
         run=run,
     )
+
+
+def _train_evaluate_register(
+    params: CharLMParams, corpus: FormattedCorpus, run: RunRef, run_dir: str, world_size: int
+) -> CharLMSummary:
+    checkpoint_dir = storage.join(run_dir, "checkpoints")
+    job = charlm_job(params, corpus, run, checkpoint_dir)
     trained = train_ddp(
         job, world_size, params.rank_timeout_s, params.max_restarts, params.min_workers
     )

@@ -26,7 +26,14 @@ import sys
 from pathlib import Path
 
 # The flow modules that have a command line (`python -m flows.<name>`).
-FLOW_MODULES = ("train_charlm", "train_images", "sweep_charlm", "retrain_charlm")
+FLOW_MODULES = (
+    "train_charlm",
+    "train_images",
+    "sweep_charlm",
+    "retrain_charlm",
+    "scaling_charlm",
+    "scaling_images",
+)
 _PR_SET_PDEATHSIG = 1
 
 _started: tuple[int, subprocess.Popen[bytes]] | None = None

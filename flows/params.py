@@ -59,6 +59,8 @@ FIXES = {
     "world_size": "pass a positive number of ranks, or leave it unset for every worker",
     "min_workers": "pass a positive number of ranks, at most world_size",
     "keep_last": "pass a positive number of checkpoints to keep",
+    "target_loss": "pass a validation loss above 0, e.g. 2.0, or leave it unset",
+    "target_accuracy": "pass an accuracy above 0 and at most 1, e.g. 0.9, or leave it unset",
 }
 
 CREDENTIALS_FIX = (
@@ -148,6 +150,15 @@ class SweepParams(_Params):
     @classmethod
     def _strip(cls, value: object) -> object:
         return refuse_credentials(value.strip() if isinstance(value, str) else value)
+
+
+class ScalingParams(_Params):
+    """What a scaling flow adds to its training flow's parameters (validated by those).
+    `world_sizes` is parsed and fitted to the cluster by ddpflow.scaling."""
+
+    world_sizes: str | None = Field(default=None, description="e.g. 1,2,4; None: 1..N")
+    target_loss: float | None = Field(default=None, gt=0, description="val loss to reach")
+    target_accuracy: float | None = Field(default=None, gt=0, le=1, description="to reach")
 
 
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:

@@ -51,6 +51,16 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
     return plan_ranks(workers, world_size)
 
 
+def rank_workers(world_size: int | None = None) -> list[str]:
+    """The cluster's workers that may run a rank, sorted: all of them, or only those that
+    declare DDPFLOW_RANK_RESOURCES (PlanError when fewer than `world_size` do)."""
+    workers = cluster_workers(current_dask_client())
+    resources = Settings.from_env().rank_resources
+    if resources:  # e.g. {"GPU": 1}: ranks run on GPU workers only
+        workers = workers_with_resources(workers, resources, world_size)
+    return sorted(workers)
+
+
 def check_workers_reach_flow_api(
     client: distributed.Client, api_url: str | None = None, timeout_s: float = API_PROBE_TIMEOUT_S
 ) -> None:

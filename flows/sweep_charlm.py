@@ -16,8 +16,7 @@ from prefect.runtime import flow_run
 
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
-from ddpflow.distributed import cluster_workers
-from ddpflow.distributed.planning import PlanError, workers_with_resources
+from ddpflow.distributed.planning import PlanError
 from ddpflow.inspection import log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.sweep import (
@@ -37,15 +36,15 @@ from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import ParameterError, SweepParams, validate_params
-from flows.preflight import run_preflight
+from flows.preflight import rank_workers, run_preflight
 from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
 from tasks.charlm import download_corpus, format_training_data, register
-from tasks.flow_client import current_dask_client
 from tasks.retrain import score_and_promote
-from tasks.sweep import TABLE_KEY, publish_table, train_trial
+from tasks.sweep import TABLE_KEY, train_trial
+from tasks.tables import publish_table
 
 WORKLOAD = "charlm-sweep"
 TRIAL_DEFAULTS = ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed")
@@ -108,11 +107,7 @@ def _plan_trials(params: SweepParams) -> list[TrialSpec]:
 
 
 def _cluster_workers(ranks_per_trial: int) -> list[str]:
-    workers = cluster_workers(current_dask_client())
-    resources = Settings.from_env().rank_resources
-    if resources:  # e.g. {"GPU": 1}: trials run on GPU workers only
-        workers = workers_with_resources(workers, resources, ranks_per_trial)
-    workers = sorted(workers)
+    workers = rank_workers(ranks_per_trial)  # GPU workers only when ranks ask for a GPU
     if ranks_per_trial > len(workers):
         raise ParameterError(
             f"ranks_per_trial={ranks_per_trial} needs {ranks_per_trial} Dask workers per trial "
@@ -224,7 +219,11 @@ def _compare_and_register(
 ) -> SweepSummary:
     rows = table_rows(outcomes)
     log_to_parent(parent, outcomes, plots(outcomes))
-    publish_table(rows, parent.run_id)
+    publish_table(
+        rows,
+        TABLE_KEY,
+        f"pet-name sweep, trials ranked by validation loss (MLflow {parent.run_id})",
+    )
     top = best(outcomes)
     version = decision = None
     if top is not None and top.checkpoint_uri is not None:

@@ -102,6 +102,25 @@ def train_images(
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.
     ranks = run_preflight(settings, params.world_size)
 
+    source, data, weights_uri = prepare_images(params, settings)
+    run = start_images_run(params, settings, source, data, len(ranks))
+    # Everything a run writes lives under its own folder: concurrent runs never collide.
+    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
+    try:
+        summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
+    except BaseException:
+        end_run(run, failed=True)
+        raise
+    end_run(run)
+    publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
+    print(summary.render(settings))
+    return summary
+
+
+def prepare_images(
+    params: ImageParams, settings: Settings
+) -> tuple[str, FormattedImages, str | None]:
+    """The image folder (default the digits demo), its formatted splits and the weights."""
     source = params.source
     if source is None:
         digits = prepare_digits.submit(storage.join(settings.artifact_root, "data", "digits"))
@@ -124,23 +143,21 @@ def train_images(
     weights_uri = prepare_weights.submit(
         params.arch, params.weights, settings.artifact_root
     ).result()
-    run = _start_run(params, settings, source, data, len(ranks))
-    # Everything a run writes lives under its own folder: concurrent runs never collide.
-    run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
-        summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
-    end_run(run)
-    publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
-    print(summary.render(settings))
-    return summary
+    return source, data, weights_uri
 
 
-def _start_run(
-    params: ImageParams, settings: Settings, source: str, data: FormattedImages, world: int
+def start_images_run(
+    params: ImageParams,
+    settings: Settings,
+    source: str,
+    data: FormattedImages,
+    world: int,
+    parent: RunRef | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunRef:
+    """The training's MLflow run: parameters, the readable name, the description with the
+    flow run's link, and the input datasets. With `parent`, a child run named after its world
+    size (a scaling run's sizes), recorded exactly like a lone training."""
     datasets = image_datasets(data, source)
     run_name, identity_tags = run_identity(
         run_origin(),
@@ -151,7 +168,7 @@ def _start_run(
     run = start_run(
         settings.tracking_uri,
         params.experiment,
-        run_name=run_name,
+        run_name=run_name if parent is None else f"{run_name} world size {world}",
         params={
             **params.model_dump(),
             "source": redact_url(source),
@@ -168,8 +185,10 @@ def _start_run(
             "prefect.flow_run_id": str(flow_run.get_id()),
             "ddpflow.workload": WORKLOAD,
             **identity_tags,
+            **(tags or {}),
         },
         artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+        parent_run_id=parent.run_id if parent else None,
     )
     log_datasets(run, datasets)
     return run
@@ -195,16 +214,14 @@ def image_datasets(data: FormattedImages, source: str) -> list[DatasetRef]:
     return describe_datasets.submit(inputs, redact_url(source)).result()
 
 
-def _train_evaluate_register(
+def image_job(
     params: ImageParams,
     data: FormattedImages,
     weights_uri: str | None,
     run: RunRef,
-    run_dir: str,
-    world_size: int,
-) -> ImageSummary:
-    checkpoint_dir = storage.join(run_dir, "checkpoints")
-    report_dir = storage.join(run_dir, "reports")
+    checkpoint_dir: str,
+) -> ImageTrainJob:
+    """What every rank of the training gets: data, model, optimisation, run, checkpoints."""
     model = ImageModelConfig(
         params.arch,
         len(data.classes),
@@ -212,7 +229,7 @@ def _train_evaluate_register(
         tuple(data.classes),
         params.freeze_backbone,
     )
-    job = ImageTrainJob(
+    return ImageTrainJob(
         train_uri=data.train_uri,
         val_uri=data.val_uri,
         model=model,
@@ -227,6 +244,19 @@ def _train_evaluate_register(
         keep_last=params.keep_last,
         run=run,
     )
+
+
+def _train_evaluate_register(
+    params: ImageParams,
+    data: FormattedImages,
+    weights_uri: str | None,
+    run: RunRef,
+    run_dir: str,
+    world_size: int,
+) -> ImageSummary:
+    checkpoint_dir = storage.join(run_dir, "checkpoints")
+    report_dir = storage.join(run_dir, "reports")
+    job = image_job(params, data, weights_uri, run, checkpoint_dir)
     trained = train_ddp(job, world_size, params.rank_timeout_s, params.max_restarts)
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()

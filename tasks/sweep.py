@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from prefect import get_run_logger, task
-from prefect.artifacts import create_table_artifact
 
 from ddpflow.charlm.training import TrainResult
 from ddpflow.config import Settings
@@ -40,13 +37,3 @@ def train_trial(
             on_progress=get_run_logger().info,  # in this trial task's log
         )
     return results[0]
-
-
-@task(name="publish-sweep-table")
-def publish_table(rows: list[dict[str, Any]], parent_run_id: str) -> None:
-    """The ranking as a Prefect table artifact (latest version under one key)."""
-    create_table_artifact(
-        table=rows,
-        key=TABLE_KEY,
-        description=f"pet-name sweep, trials ranked by validation loss (MLflow {parent_run_id})",
-    )

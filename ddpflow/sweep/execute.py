@@ -92,7 +92,8 @@ def _known(values: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in values.items() if k in TRIAL_FIELDS and v is not None}
 
 
-def _fail_child(run: RunRef, kind: str, error: str) -> None:
+def fail_run(run: RunRef, kind: str, error: str) -> None:
+    """End `run` FAILED with why (`ddpflow.error`) and how (`ddpflow.failure`) as tags."""
     MlflowLogger(run).set_tags({ERROR_TAG: error[:MAX_TAG_LEN], FAILURE_KIND_TAG: kind})
     end_run(run, failed=True)
 
@@ -101,7 +102,7 @@ def reject_trial(spec: TrialSpec, setup: SweepSetup) -> TrialOutcome:
     """An invalid trial is never launched; its child run records why, FAILED at once."""
     error = "invalid trial config: " + "; ".join(spec.errors)
     run = _start_child(spec, setup)
-    _fail_child(run, "invalid", error)
+    fail_run(run, "invalid", error)
     return TrialOutcome(spec, run.run_id, completed=False, error=error)
 
 
@@ -146,7 +147,7 @@ def run_trial(
         result = train(trial_job(spec.config, setup, run), workers)
     except Exception as error:  # noqa: BLE001 - one trial's crash must not stop the sweep
         message = f"{type(error).__name__}: {error}"
-        _fail_child(run, "crash", message)
+        fail_run(run, "crash", message)
         return TrialOutcome(
             spec,
             run.run_id,

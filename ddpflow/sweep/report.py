@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -13,7 +11,7 @@ from ddpflow.sweep.config import TRIAL_FIELDS
 from ddpflow.sweep.execute import TrialOutcome
 from ddpflow.sweep.plots import LossCurve, XAxis, loss_panels_png
 from ddpflow.sweep.trial import elapsed_by_epoch
-from ddpflow.tracking import MlflowLogger, RunRef
+from ddpflow.tracking import MlflowLogger, RunRef, log_files
 
 BEST_RUN_TAG = "ddpflow.best_run_id"
 BEST_TRIAL_TAG = "ddpflow.best_trial"
@@ -91,14 +89,9 @@ def plots(outcomes: Sequence[TrialOutcome]) -> dict[str, bytes]:
 
 def log_to_parent(parent: RunRef, outcomes: Sequence[TrialOutcome], pngs: dict[str, bytes]) -> None:
     """Plots, the ranking as JSON, counts and the best trial go into the sweep's parent run."""
-    logger = MlflowLogger(parent)
     files = {**pngs, "trials.json": json.dumps(table_rows(outcomes), indent=2).encode()}
-    with tempfile.TemporaryDirectory() as tmp:
-        for name, data in files.items():
-            path = os.path.join(tmp, name)
-            with open(path, "wb") as f:
-                f.write(data)
-            logger.log_artifact(path, REPORT_DIR)
+    log_files(parent, files, REPORT_DIR)
+    logger = MlflowLogger(parent)
     num_completed = sum(o.completed for o in outcomes)
     metrics = {
         "num_trials_completed": num_completed,

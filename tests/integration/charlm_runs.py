@@ -14,22 +14,22 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.checkpoint import CheckpointStore
 
 EPOCHS = 3
-CORPUS = Path(__file__).resolve().parents[2] / "ddpflow" / "charlm" / "data" / "census_names.json"
 SMALL_CORPUS_NAMES = 16_000
 
 
-def small_corpus() -> Path:
-    """The first SMALL_CORPUS_NAMES names of the shipped corpus (about a third) in a file every
-    test process shares: an epoch of a 2-rank tiny training takes about 3 s instead of 9 s,
-    still long enough to kill a worker mid-run after the first checkpoint."""
-    corpus = CORPUS.read_bytes()
+def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
+    """The shipped corpus's first `num_names` names in a file every test process shares. With
+    the default (about a third), an epoch of a 2-rank tiny training takes about 3 s instead of
+    9 s, still long enough to kill a worker mid-run after the first checkpoint."""
+    corpus = DEFAULT_CORPUS_PATH.read_bytes()
     digest = hashlib.sha256(corpus).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"ddpflow-test-names-{SMALL_CORPUS_NAMES}-{digest}.json"
+    path = Path(tempfile.gettempdir()) / f"ddpflow-test-names-{num_names}-{digest}.json"
     if not path.exists():
-        names = json.loads(corpus)[:SMALL_CORPUS_NAMES]
+        names = json.loads(corpus)[:num_names]
         partial = path.with_name(f"{path.name}.{os.getpid()}")
         partial.write_text(json.dumps(names))
         os.replace(partial, path)  # concurrent test processes write the same bytes

@@ -16,6 +16,8 @@ PY = "/usr/bin/python3"
         [PY, "-u", "-m", "flows.train_images"],
         [PY, "-m", "flows.sweep_charlm", "--grid", "{}"],
         [PY, "-m", "flows.retrain_charlm"],
+        [PY, "-m", "flows.scaling_charlm", "--world-sizes", "1,2"],
+        [PY, "-m", "flows.scaling_images"],
     ],
 )
 def test_a_flow_command_line_without_an_api_starts_one_early(argv):

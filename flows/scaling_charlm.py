@@ -1,0 +1,116 @@
+"""How the pet-name training scales: the same training at world sizes 1, 2, ... N.
+
+One MLflow parent run with a child run per size (each recorded like a train-charlm run), a
+table of steady samples/s, efficiency against linear and time to `target_loss`, plots,
+and the table as the Prefect artifact `charlm-scaling`. Nothing is evaluated or registered.
+
+Run it: `python -m flows.scaling_charlm --epochs 3 --world-sizes 1,2 --target-loss 2.2`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddpflow import storage
+from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
+from ddpflow.config import Settings
+from ddpflow.redact import redact_url
+from ddpflow.scaling import Target
+from ddpflow.tracking import RunRef, end_run
+from ddpflow.train_loop import EpochStats
+from flows.charlm_pipeline import charlm_job, corpus_datasets, prepare_corpus, start_charlm_run
+from flows.cli import run_cli
+from flows.inspection import tag_flow_run
+from flows.params import CharLMParams, ScalingParams, validate_params
+from flows.preflight import run_preflight
+from flows.redacted_flow import flow
+from flows.runner import dask_task_runner
+from flows.scaling import (
+    NOT_REGISTERED,
+    ScalingSummary,
+    child_tags,
+    finish,
+    plan_sizes,
+    report,
+    run_sizes,
+    start_parent,
+)
+from flows.summary import mlflow_ui_hint
+from tasks.charlm import train_ddp
+
+WORKLOAD = "charlm-scaling"
+TABLE_KEY = "charlm-scaling"
+SCALING_FIELDS = ("world_sizes", "target_loss")
+
+
+@flow(name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
+def scaling_charlm(
+    source: str = str(DEFAULT_CORPUS_PATH),
+    world_sizes: str | None = None,
+    target_loss: float | None = None,
+    epochs: int = 3,
+    batch_size: int = 512,
+    lr: float = 0.005,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    dropout: float = 0.1,
+    seed: int = 0,
+    holdout_fraction: float = 0.1,
+    keep_last: int = 1,
+    rank_timeout_s: float = 120.0,
+    max_restarts: int = 2,
+    experiment: str = "ddpflow-charlm-scaling",
+) -> ScalingSummary:
+    """Train the pet-name LSTM at each world size in turn and compare the throughput."""
+    values = dict(locals())
+    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
+    # The training's own parameter checks; what a scaling run sets itself is filled in.
+    params = validate_params(
+        CharLMParams,
+        {**values, "world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
+    )
+    settings = Settings.from_env()
+    tag_flow_run(WORKLOAD)
+    sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any download
+    run_preflight(settings, max(sizes))
+    raw, corpus = prepare_corpus(params, settings)
+    datasets = corpus_datasets(corpus, params.source)
+    parent = start_parent(
+        settings,
+        params.experiment,
+        WORKLOAD,
+        f"Pet-name training (charlm) at world sizes {', '.join(map(str, sizes))}",
+        datasets,
+        {
+            **params.model_dump(exclude={"world_size", "min_workers", "num_names", "model_name"}),
+            "source": redact_url(params.source),
+            "world_sizes": ",".join(map(str, sizes)),
+            "target_loss": scaling.target_loss,
+            "data_sha256": raw.sha256,
+        },
+    )
+
+    def start_child(size: int) -> RunRef:
+        return start_charlm_run(
+            params, settings, raw.sha256, corpus, datasets, size, child_tags(size), parent
+        )
+
+    def train(size: int, run: RunRef) -> Sequence[EpochStats]:
+        checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
+        job = charlm_job(params, corpus, run, checkpoints)
+        # A restart relaunches at the same size (min_workers defaults to the world size).
+        return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
+
+    try:
+        results = run_sizes(sizes, start_child, train)
+        summary = report(
+            parent, results, Target("val_loss", scaling.target_loss), "charlm", TABLE_KEY
+        )
+    except BaseException:
+        end_run(parent, failed=True)
+        raise
+    return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
+
+
+if __name__ == "__main__":
+    run_cli(scaling_charlm)

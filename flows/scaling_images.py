@@ -1,0 +1,116 @@
+"""How the image training scales: the same fine-tuning at world sizes 1, 2, ... N.
+
+One MLflow parent run with a child run per size (each recorded like a train-images run), a
+table of steady samples/s, efficiency against linear and time to `target_accuracy`, plots,
+and the table as the Prefect artifact `images-scaling`. Nothing is evaluated or registered.
+
+Run it: `python -m flows.scaling_images --epochs 3 --world-sizes 1,2 --target-accuracy 0.9`
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ddpflow import storage
+from ddpflow.config import Settings
+from ddpflow.redact import redact_url
+from ddpflow.scaling import Target
+from ddpflow.tracking import RunRef, end_run
+from ddpflow.train_loop import EpochStats
+from flows.cli import run_cli
+from flows.inspection import tag_flow_run
+from flows.params import ImageParams, ScalingParams, validate_params
+from flows.preflight import run_preflight
+from flows.redacted_flow import flow
+from flows.runner import dask_task_runner
+from flows.scaling import (
+    NOT_REGISTERED,
+    ScalingSummary,
+    child_tags,
+    finish,
+    plan_sizes,
+    report,
+    run_sizes,
+    start_parent,
+)
+from flows.summary import mlflow_ui_hint
+from flows.train_images import image_datasets, image_job, prepare_images, start_images_run
+from tasks.images import train_ddp
+
+WORKLOAD = "images-scaling"
+TABLE_KEY = "images-scaling"
+SCALING_FIELDS = ("world_sizes", "target_accuracy")
+
+
+@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
+def scaling_images(
+    source: str | None = None,
+    world_sizes: str | None = None,
+    target_accuracy: float | None = None,
+    arch: str = "resnet18",
+    weights: str = "none",
+    freeze_backbone: bool = False,
+    image_size: int = 32,
+    resize: str = "crop",
+    val_fraction: float = 0.2,
+    epochs: int = 5,
+    batch_size: int = 32,
+    lr: float = 0.001,
+    optimizer: str = "adam",
+    lr_patience: int = 2,
+    seed: int = 0,
+    max_bad_fraction: float = 0.01,
+    max_image_mb: float = 20.0,
+    keep_last: int = 1,
+    rank_timeout_s: float = 120.0,
+    max_restarts: int = 2,
+    experiment: str = "ddpflow-images-scaling",
+) -> ScalingSummary:
+    """Fine-tune the ResNet at each world size in turn and compare the throughput."""
+    values = dict(locals())
+    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
+    # The training's own parameter checks; what a scaling run sets itself is filled in.
+    params = validate_params(
+        ImageParams, {**values, "world_size": None, "model_name": NOT_REGISTERED}
+    )
+    settings = Settings.from_env()
+    tag_flow_run(WORKLOAD)
+    sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any data is read
+    run_preflight(settings, max(sizes))
+    source, data, weights_uri = prepare_images(params, settings)
+    parent = start_parent(
+        settings,
+        params.experiment,
+        WORKLOAD,
+        f"Image classifier ({params.arch}) at world sizes {', '.join(map(str, sizes))}",
+        image_datasets(data, source),
+        {
+            **params.model_dump(exclude={"world_size", "model_name"}),
+            "source": redact_url(source),
+            "weights": redact_url(params.weights),
+            "world_sizes": ",".join(map(str, sizes)),
+            "target_accuracy": scaling.target_accuracy,
+            "data_fingerprint": data.fingerprint,
+        },
+    )
+
+    def start_child(size: int) -> RunRef:
+        return start_images_run(params, settings, source, data, size, parent, child_tags(size))
+
+    def train(size: int, run: RunRef) -> Sequence[EpochStats]:
+        checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
+        job = image_job(params, data, weights_uri, run, checkpoints)
+        return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
+
+    target = Target("val_accuracy", scaling.target_accuracy, higher_is_better=True)
+    try:
+        results = run_sizes(sizes, start_child, train)
+        summary = report(parent, results, target, "images", TABLE_KEY)
+    except BaseException:
+        end_run(parent, failed=True)
+        raise
+    return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
+
+
+if __name__ == "__main__":
+    run_cli(scaling_images)

@@ -1,0 +1,151 @@
+"""The charlm scaling flow end to end: world sizes 1 and 2 on a 2-worker LocalCluster.
+
+One flow run (module fixture) on a small corpus, so each size trains for seconds; the tests
+read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import pytest
+
+from ddpflow.inspection import NOTE_TAG
+from tests.integration.charlm_runs import small_corpus
+from tests.integration.conftest import prefect_records, project_tracking, run_flow, tiny_charlm
+
+pytestmark = pytest.mark.integration
+
+EXPERIMENT = "scaling-test"
+# A target the first epoch of this tiny model reaches (the untrained loss is about 3.3) and
+# one it never does: both outcomes of "time to target" show in one run.
+TARGET_LOSS = 2.9
+PNGS = ("scaling/samples_per_s_vs_world_size.png", "scaling/efficiency_vs_world_size.png")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory) -> dict:
+    project = tmp_path_factory.mktemp("scaling")
+    args = [
+        *tiny_charlm(2, batch_size=512),
+        "--source",
+        str(small_corpus(4000)),  # a tenth of the corpus: each size trains twice
+        "--world-sizes",
+        "1,2",
+        "--target-loss",
+        str(TARGET_LOSS),
+        "--experiment",
+        EXPERIMENT,
+    ]
+    result = run_flow("scaling_charlm", args, project)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    client = project_tracking(project)
+    runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    return {
+        "project": project,
+        "out": result.stdout + result.stderr,
+        "client": client,
+        "parents": parents,
+        "children": {int(r.data.params["world_size"]): r for r in children},
+        "num_children": len(children),
+        # Read once: each read starts Prefect's embedded API in a new process.
+        "prefect": prefect_records(project),
+    }
+
+
+def test_one_parent_run_with_a_child_run_per_world_size(scaled) -> None:
+    assert len(scaled["parents"]) == 1
+    parent = scaled["parents"][0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.tags["ddpflow.workload"] == "charlm-scaling"
+    assert parent.data.params["world_sizes"] == "1,2"
+    assert scaled["num_children"] == 2 and sorted(scaled["children"]) == [1, 2]
+    for size, child in scaled["children"].items():
+        assert child.info.status == "FINISHED"
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert child.data.tags["ddpflow.scaling.world_size"] == str(size)
+    # docs/scaling.md: one size after another, smallest first, never at the same time.
+    one, two = scaled["children"][1], scaled["children"][2]
+    assert one.info.end_time <= two.info.start_time
+    # Nothing is evaluated or registered.
+    assert not scaled["client"].search_registered_models()
+
+
+def test_child_runs_are_recorded_like_a_training(scaled) -> None:
+    # docs/inspecting.md: datasets with digests, a description linking the flow run, a
+    # readable name, per-rank system metrics: a scaling child gets what train-charlm records.
+    parent = scaled["parents"][0]
+    flow_run_id = parent.data.tags["prefect.flow_run_id"]
+    assert sorted(scaled["children"]) == [1, 2]
+    for size, child in scaled["children"].items():
+        inputs = child.inputs.dataset_inputs
+        assert len(inputs) == 2 and all(i.dataset.digest for i in inputs)
+        assert child.data.tags["ddpflow.workload"] == "charlm"
+        assert flow_run_id in child.data.tags[NOTE_TAG]
+        assert child.data.tags["mlflow.runName"].endswith(f"world size {size}")
+        ranks = {k.split("/")[1] for k in child.data.metrics if k.startswith("system/rank")}
+        assert len(ranks) == size, child.data.metrics.keys()
+        assert child.data.metrics["epoch_samples_per_s"] > 0
+
+
+def _rows(scaled) -> list[dict]:
+    (table,) = [a for a in scaled["prefect"]["artifacts"] if a["key"] == "charlm-scaling"]
+    assert table["type"] == "table"
+    data = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
+    return data
+
+
+def test_the_table_is_a_prefect_artifact_with_efficiency(scaled) -> None:
+    rows = _rows(scaled)
+    assert [r["world_size"] for r in rows] == [1, 2]
+    one, two = rows
+    assert one["efficiency"] == pytest.approx(1.0)
+    expected = two["samples_per_s"] / (2 * one["samples_per_s"])
+    assert two["efficiency"] == pytest.approx(expected, abs=0.002)
+    assert {r["run_id"] for r in rows} == {c.info.run_id for c in scaled["children"].values()}
+    for row in rows:
+        assert row["status"] == "completed" and row["samples_per_s"] > 0 and row["wall_s"] > 0
+        assert row["time_to_target_s"] == "not reached" or row["time_to_target_s"] > 0
+
+
+def test_the_parent_run_holds_the_plots_and_the_table(scaled) -> None:
+    client, parent = scaled["client"], scaled["parents"][0]
+    paths = {a.path for a in client.list_artifacts(parent.info.run_id, "scaling")}
+    assert {*PNGS, "scaling/scaling.csv", "scaling/scaling.json", "scaling/scaling.md"} <= paths
+    for key in ("samples_per_s", "efficiency"):  # step = world size
+        steps = [m.step for m in client.get_metric_history(parent.info.run_id, key)]
+        assert sorted(steps) == [1, 2], key
+    for name in PNGS:
+        with open(client.download_artifacts(parent.info.run_id, name), "rb") as f:
+            assert f.read(8) == PNG_MAGIC
+    with open(client.download_artifacts(parent.info.run_id, "scaling/scaling.csv")) as f:
+        rows = list(csv.DictReader(io.StringIO(f.read())))
+    assert [r["world_size"] for r in rows] == ["1", "2"]
+    assert [r["samples_per_s"] for r in rows] == [str(r["samples_per_s"]) for r in _rows(scaled)]
+
+
+def test_the_flow_run_is_tagged_with_its_workload(scaled) -> None:
+    flow_run_id = scaled["parents"][0].data.tags["prefect.flow_run_id"]
+    (flow_run,) = [r for r in scaled["prefect"]["flow_runs"] if r["id"] == flow_run_id]
+    assert "workload:charlm-scaling" in flow_run["tags"]
+    assert flow_run["state"]["type"] == "COMPLETED"
+
+
+def test_the_summary_prints_the_table(scaled) -> None:
+    out = scaled["out"]
+    assert "charlm scaling finished, 2 of 2 world sizes completed" in out
+    assert "| world_size | status | samples_per_s | efficiency |" in out
+    assert f"s to val_loss <= {TARGET_LOSS:g}" in out
+
+
+def test_a_world_size_larger_than_the_cluster_fails_before_any_work(tmp_path) -> None:
+    result = run_flow("scaling_charlm", ["--world-sizes", "1,3"], tmp_path)
+    assert result.returncode == 1
+    assert "world_sizes=1,3: 3 larger than the cluster's 2 worker(s)" in result.stderr
+    assert "DDPFLOW_DASK_WORKERS" in result.stderr
+    assert not (tmp_path / "artifacts").exists()
