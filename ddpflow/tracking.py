@@ -52,6 +52,10 @@ class RunRef:
     run_id: str
 
 
+# The longest rank 0 waits at a checkpoint for MLflow to take the epoch's metrics.
+FLUSH_TIMEOUT_S = 10.0
+
+
 class MetricLogger(Protocol):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -136,6 +140,17 @@ class BackgroundMlflowLogger:
         tags = dict(tags)
         self._queue.put(lambda: self._logger.set_tags(tags))
 
+    def flush(self, timeout_s: float) -> bool:
+        """Wait up to `timeout_s` for every call queued so far; True when they are done.
+
+        Called before each checkpoint: a resume starts after the checkpoint and never logs
+        its epochs again, so their metrics must be in MLflow before it exists. Without this,
+        a worker that died right after a checkpoint lost the epoch's queued metrics.
+        """
+        done = threading.Event()
+        self._queue.put(done.set)
+        return done.wait(timeout_s)
+
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(self._close_timeout_s)
@@ -169,6 +184,18 @@ class BackgroundMlflowLogger:
 def logger_for_rank(is_main: bool, run: RunRef) -> MetricLogger:
     """Rank-0 gating, declared once: rank 0 logs to MLflow, the others log nowhere."""
     return BackgroundMlflowLogger(run) if is_main else NullLogger()
+
+
+def flush_logger(logger: MetricLogger, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    """Wait (bounded) until a buffering logger has sent what it holds; a no-op for the
+    others. A slow or dead server costs at most `timeout_s`, with a warning."""
+    flush = getattr(logger, "flush", None)
+    if flush is not None and not flush(timeout_s):
+        log.warning(
+            "MLflow did not take this epoch's logging calls within %.0fs; the checkpoint is "
+            "written anyway, and the calls are still sent while training goes on",
+            timeout_s,
+        )
 
 
 def close_logger(logger: MetricLogger) -> None:

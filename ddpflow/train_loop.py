@@ -22,7 +22,7 @@ from torch import nn
 from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
-from ddpflow.tracking import MetricLogger
+from ddpflow.tracking import MetricLogger, flush_logger
 from ddpflow.training_progress import StepProgress, StepReporter, StepWindow
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -118,6 +118,7 @@ def fit(
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(stats)
         if ctx.is_main:
+            flush_logger(logger)  # a resume never re-logs the epochs before its checkpoint
             save_checkpoint(stats.epoch)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
         _barrier(ctx)

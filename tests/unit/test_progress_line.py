@@ -86,3 +86,40 @@ def test_a_long_epoch_reports_every_30_seconds(monkeypatch: pytest.MonkeyPatch) 
 def test_a_short_epoch_reports_only_its_end(monkeypatch: pytest.MonkeyPatch) -> None:
     lines = run_fit(monkeypatch, seconds_per_step=2)  # 24 s per epoch: under 30 s
     assert [line.split(":")[0] for line in lines] == ["epoch 1/2 done", "epoch 2/2 done"], lines
+
+
+class Recording(NullLogger):
+    """Remembers the order of its calls, and of the checkpoints beside them."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def log_metrics(self, metrics, step: int) -> None:
+        if "val_loss" in metrics:
+            self.events.append(f"val_loss {step}")
+
+    def flush(self, timeout_s: float) -> bool:
+        self.events.append("flush")
+        return True
+
+
+# docs/fault-tolerance.md: each epoch's metrics are flushed to MLflow before its checkpoint.
+def test_each_checkpoint_comes_after_its_epochs_metrics_are_flushed() -> None:
+    torch.manual_seed(0)
+    data = torch.randn(16, 2)
+    events: list[str] = []
+    ctx = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    model = Linear()
+    fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.arange(16),
+        torch.arange(4),
+        lambda index: (data[index], (data[index, 0] > 0).long()),
+        ctx,
+        Recording(events),
+        lambda epoch: events.append(f"checkpoint {epoch}"),
+        FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
+    )
+    expected = ["val_loss 1", "flush", "checkpoint 1", "val_loss 2", "flush", "checkpoint 2"]
+    assert events == expected

@@ -61,3 +61,40 @@ def test_a_restarted_attempt_does_not_log_a_step_twice(tmp_path):
     history = sorted((m.step, m.value) for m in client.get_metric_history(run.run_id, "train_loss"))
     assert history == [(s, float(s)) for s in range(1, 8)] + [(s, s + 0.5) for s in (8, 9, 10)]
     assert [m.step for m in client.get_metric_history(run.run_id, "lr")] == list(range(5, 11))
+
+
+def _slow_sends(logger: BackgroundMlflowLogger, seconds: float) -> None:
+    """Each metric batch takes `seconds` to reach MLflow (a slow server)."""
+    send = logger._logger.client.log_batch
+
+    def slow(*args, **kwargs):
+        time.sleep(seconds)
+        return send(*args, **kwargs)
+
+    logger._logger.client.log_batch = slow
+
+
+# docs/fault-tolerance.md: a checkpoint is written only after rank 0's queued metrics are in
+# MLflow (bounded), because a resume never logs the epochs before its checkpoint again.
+def test_flush_returns_once_the_queued_metrics_are_in_mlflow(tmp_path):
+    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    logger = BackgroundMlflowLogger(run)
+    _slow_sends(logger, 1.0)
+    logger.log_metrics({"val_loss": 0.5}, step=1)
+    assert logger.flush(30)
+    history = MlflowClient(run.tracking_uri).get_metric_history(run.run_id, "val_loss")
+    assert [(m.step, m.value) for m in history] == [(1, 0.5)]
+    close_logger(logger)
+
+
+def test_flush_is_bounded_when_mlflow_is_slow(tmp_path):
+    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    logger = BackgroundMlflowLogger(run)
+    _slow_sends(logger, 3.0)
+    logger.log_metrics({"val_loss": 0.5}, step=1)
+    started = time.monotonic()
+    assert not logger.flush(0.5)
+    assert time.monotonic() - started < 2.5, "the flush waited for the slow call"
+    close_logger(logger)  # the call is still sent
+    history = MlflowClient(run.tracking_uri).get_metric_history(run.run_id, "val_loss")
+    assert [m.step for m in history] == [1]
