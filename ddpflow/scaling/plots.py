@@ -48,12 +48,7 @@ def throughput_png(rows: Sequence[dict[str, Any]], title: str, dpi: int = 100) -
         ax.legend(fontsize=8)
     else:
         _note(ax, "no world size completed")
-    ax.set_xticks(sorted({r["world_size"] for r in rows}))
-    ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("samples/s (steady)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    return _png(figure, dpi)
+    return _finish(figure, ax, rows, "samples/s (steady)", title, dpi)
 
 
 def efficiency_png(rows: Sequence[dict[str, Any]], title: str, dpi: int = 100) -> bytes:
@@ -68,9 +63,16 @@ def efficiency_png(rows: Sequence[dict[str, Any]], title: str, dpi: int = 100) -
         ax.legend(fontsize=8)
     else:
         _note(ax, "no efficiency: world size 1 did not complete in this run")
+    return _finish(figure, ax, rows, "efficiency against linear", title, dpi)
+
+
+def _finish(
+    figure: Figure, ax: Any, rows: Sequence[dict[str, Any]], ylabel: str, title: str, dpi: int
+) -> bytes:
+    """What both plots share: a tick per world size in the run, labels, grid, PNG bytes."""
     ax.set_xticks(sorted({r["world_size"] for r in rows}))
     ax.set_xlabel("world size (ranks)")
-    ax.set_ylabel("efficiency against linear")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
     return _png(figure, dpi)
