@@ -32,7 +32,9 @@ class Recorder:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.metrics.append((step, dict(metrics)))
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None:
         self.events.append(f"artifact {artifact_path}")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
