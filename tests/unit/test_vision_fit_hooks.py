@@ -102,7 +102,7 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monk
         str(tmp_path / "f"), str(tmp_path / "art"), ImageSpec(16), 0.34, 0, 0.0
     )
     logger = Recorder()
-    monkeypatch.setattr(training, "logger_for_rank", lambda is_main, run: logger)
+    monkeypatch.setattr(training, "logger_for_rank", lambda is_main, run, spool: logger)
     config = ImageModelConfig("resnet18", 2, 16, ("0", "1"))
     root = str(tmp_path / "ckpt")
     job = ImageTrainJob(
