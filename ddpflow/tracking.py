@@ -188,12 +188,7 @@ class BackgroundMlflowLogger:
         return unsent
 
     def _add(self, kind: str, what: str, body: dict, **file: str | None) -> None:
-        try:
-            kept = self.spool.add(kind, what, body, **file)
-        except OSError as error:  # a full disk: logging must never stop training
-            log.error("tracking spool cannot keep %s, it will be missing: %s", what, error)
-            kept = False
-        if kept:
+        if self.spool.add(kind, what, body, **file):  # False: listed as missing, logged
             self._wake.set()
 
     def _drain(self) -> None:
@@ -394,8 +389,10 @@ def end_run(
 def incomplete_note(unsent: Sequence[Unsent]) -> str:
     """The tag's value: how many calls are missing and where they wait."""
     paths = [u.path for u in unsent if u.path]
-    not_kept = len(unsent) - len(paths)
-    note = f"{len(unsent)} logging calls are not in this run ({not_kept} not kept: spool full)"
+    reasons = sorted({u.not_kept_because for u in unsent if not u.path})
+    note = f"{len(unsent)} logging calls are not in this run"
+    if reasons:
+        note += f" ({len(unsent) - len(paths)} not kept: {'; '.join(reasons)})"
     if paths:
         note += f"; the others wait on disk under {os.path.commonpath(paths)}"
     return note[:MAX_PARAM_LEN]

@@ -38,9 +38,10 @@ class Unsent:
     what: str
     path: str | None = None
     origin: str | None = None
+    not_kept_because: str = "the spool was full"
 
     def line(self) -> str:
-        where = f"waits in {self.path}" if self.path else "NOT KEPT (tracking spool full)"
+        where = f"waits in {self.path}" if self.path else f"NOT KEPT ({self.not_kept_because})"
         return f"{self.what}: {where}" + (f"; original at {self.origin}" if self.origin else "")
 
 
@@ -90,11 +91,18 @@ class Spool:
                 return False
             self._bytes += size
         copy = None
-        if file is not None:
-            copy = str(self.folder / f"{seq:08d}" / os.path.basename(file))
-            os.makedirs(os.path.dirname(copy))
-            shutil.copyfile(file, copy)
-        _write_atomically(self.folder / f"{seq:08d}.json", record)
+        try:
+            if file is not None:
+                copy = str(self.folder / f"{seq:08d}" / os.path.basename(file))
+                os.makedirs(os.path.dirname(copy))
+                shutil.copyfile(file, copy)
+            _write_atomically(self.folder / f"{seq:08d}.json", record)
+        except OSError as error:  # e.g. a full disk: never stop training, list it as missing
+            with self._lock:
+                self._bytes -= size
+                self._not_kept.append(Unsent(what, None, origin, f"the disk failed: {error}"))
+            log.error("tracking spool cannot keep %s, it will be missing: %s", what, error)
+            return False
         with self._lock:
             self._pending.append(Entry(seq, kind, what, body, copy, origin, size))
         return True
@@ -137,8 +145,11 @@ class Spool:
     def _refuse(self, unsent: Unsent, size: int) -> None:
         # Called with the lock held. Training goes on; the call is listed as missing.
         self._not_kept.append(unsent)
-        with open(self.folder / NOT_KEPT_NAME, "a") as f:
-            f.write(json.dumps({"what": unsent.what, "origin": unsent.origin}) + "\n")
+        try:
+            with open(self.folder / NOT_KEPT_NAME, "a") as f:
+                f.write(json.dumps({"what": unsent.what, "origin": unsent.origin}) + "\n")
+        except OSError as error:  # the list returned by unsent() still has it
+            log.error("cannot write %s: %s", NOT_KEPT_NAME, error)
         if not self._warned_full:
             self._warned_full = True
             log.error(
@@ -186,7 +197,7 @@ def flush_timeout_s() -> float:
 def unsent_markdown(run_id: str, unsent: list[Unsent] | tuple[Unsent, ...]) -> str:
     """The Prefect artifact's text: each missing call and where its original is."""
     rows = "\n".join(
-        f"| {i} | {u.what.replace('|', '/')} | {u.path or 'not kept: the spool was full'} "
+        f"| {i} | {u.what.replace('|', '/')} | {u.path or 'not kept: ' + u.not_kept_because} "
         f"| {u.origin or '-'} |"
         for i, u in enumerate(unsent, 1)
     )

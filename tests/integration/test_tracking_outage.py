@@ -223,7 +223,7 @@ def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(tmp_path):
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED"
     assert run.data.tags[TRACKING_INCOMPLETE_TAG].startswith(
-        "2 logging calls are not in this run (2 not kept: spool full)"
+        "2 logging calls are not in this run (2 not kept: the spool was full)"
     )
     assert client.list_artifacts(run_id, "checkpoints") == []
     artifacts = {a["key"]: a for a in prefect_records(project)["artifacts"] if a["key"]}
