@@ -179,25 +179,37 @@ def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(mlflow_serv
 
     client = mlflow_server.store_client()
     run_id = the_run_id(client)
-    missing_steps = {
-        int(step)
-        for what, _, _ in listed
-        for step in re.findall(r"^metrics train_loss.* at step (\d+)$", what)
-    }
-    logged = [m.step for m in client.get_metric_history(run_id, "train_loss")]
-    assert len(logged) == len(set(logged)), "no step twice"
-    assert sorted(set(logged) | missing_steps) == expected_train_steps(client, run_id)
-    assert not set(logged) & missing_steps, "listed as missing means not in MLflow"
-    missing_checkpoints = {
-        what.rsplit("/", 1)[-1] for what, _, _ in listed if what.startswith("artifact ")
-    }
+    checkpoint_dir = next(project.glob("artifacts/runs/*/checkpoints"))
+    missing: dict[str, set[int]] = {}  # metric key -> steps listed as missing
+    missing_checkpoints, missing_tags = set(), set()
+    for what, _, origin in listed:
+        if metrics := re.fullmatch(r"metrics (.+) at step (\d+)", what):
+            for key in metrics[1].split(", "):
+                missing.setdefault(key, set()).add(int(metrics[2]))
+        elif what.startswith("artifact checkpoints/"):
+            missing_checkpoints.add(what.rsplit("/", 1)[-1])
+            assert origin == str(checkpoint_dir / what.rsplit("/", 1)[-1])
+        else:
+            assert what.startswith("tags ddpflow.latest_checkpoint="), what
+            missing_tags.add(what.split("=", 1)[1])
+    # Every point fit logs is in MLflow once or listed, never both.
+    train_steps = expected_train_steps(client, run_id)
+    epoch_keys = ("epoch_train_loss", "val_loss", "epoch_samples_per_s", "epoch_time_s")
+    expected = {"train_loss": train_steps, "samples_per_s": train_steps}
+    expected.update({key: [1, 2, 3] for key in epoch_keys})
+    assert set(missing) <= set(expected)
+    for key, steps in expected.items():
+        logged = [m.step for m in client.get_metric_history(run_id, key)]
+        assert len(logged) == len(set(logged)), f"{key}: a step twice"
+        assert not set(logged) & missing.get(key, set()), f"{key}: listed but in MLflow"
+        assert sorted(set(logged) | missing.get(key, set())) == steps, f"{key}: steps lost"
     in_mlflow = set(mlflow_server.checkpoints(run_id))
     assert in_mlflow | missing_checkpoints == {f"epoch-{e:04d}.pt" for e in range(1, 4)}
     assert not in_mlflow & missing_checkpoints
-    checkpoint_dir = next(project.glob("artifacts/runs/*/checkpoints"))
-    for what, _, origin in listed:
-        if what.startswith("artifact "):
-            assert origin == str(checkpoint_dir / what.rsplit("/", 1)[-1])
+    tag = client.get_run(run_id).data.tags.get("ddpflow.latest_checkpoint", "epoch-0000")
+    tagged = int(re.findall(r"epoch-(\d+)", tag)[-1])
+    newer = {str(checkpoint_dir / f"epoch-{e:04d}.pt") for e in range(tagged + 1, EPOCHS + 1)}
+    assert missing_tags == newer, "the tags MLflow lacks are exactly those listed"
     assert f"missing {len(listed)} logging calls" in out
     # Nobody can tag or end a run on a server that is gone: it stays RUNNING, untagged.
     run = client.get_run(run_id)
