@@ -19,12 +19,21 @@ from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking_spool import Unsent
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import CharLMParams
 from flows.preflight import run_preflight
 from flows.summary import mlflow_ui_hint
-from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
+from tasks.charlm import (
+    INCOMPLETE_KEY,
+    download_corpus,
+    evaluate,
+    format_training_data,
+    register,
+    train_ddp,
+)
 from tasks.inspection import describe_datasets
+from tasks.tracking_report import tracking_line
 
 WORKLOAD = "charlm"
 
@@ -39,6 +48,8 @@ class CharLMSummary:
     checkpoint_dir: str
     model_version: str
     world_size: int
+    # Logging calls MLflow never took (ddpflow.tracking_spool); the run is tagged with them.
+    unsent: tuple[Unsent, ...] = ()
 
     def render(self, settings: Settings, experiment_id: str | None = None) -> str:
         return "\n".join(
@@ -53,6 +64,7 @@ class CharLMSummary:
                 f"  checkpoints        {self.checkpoint_dir}",
                 f"  latest checkpoint  {self.checkpoint_uri}",
                 f"  registered model   version {self.model_version}",
+                f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
                 f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
                 "",
             ]
@@ -76,7 +88,7 @@ def run_charlm_pipeline(
     except BaseException:
         end_run(run, failed=True)
         raise
-    end_run(run)
+    end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
     return summary, run, corpus
 
@@ -198,4 +210,5 @@ def _train_evaluate_register(
         checkpoint_dir=checkpoint_dir,
         model_version=version,
         world_size=world_size,
+        unsent=trained.unsent,
     )

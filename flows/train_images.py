@@ -15,6 +15,7 @@ from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking_spool import Unsent
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob
@@ -26,6 +27,7 @@ from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from tasks.images import (
+    INCOMPLETE_KEY,
     evaluate,
     format_images,
     prepare_digits,
@@ -34,6 +36,7 @@ from tasks.images import (
     train_ddp,
 )
 from tasks.inspection import describe_datasets
+from tasks.tracking_report import tracking_line
 
 WORKLOAD = "images"
 
@@ -50,6 +53,8 @@ class ImageSummary:
     report_dir: str
     model_version: str
     world_size: int
+    # Logging calls MLflow never took (ddpflow.tracking_spool); the run is tagged with them.
+    unsent: tuple[Unsent, ...] = ()
 
     def render(self, settings: Settings) -> str:
         return "\n".join(
@@ -65,6 +70,7 @@ class ImageSummary:
                 f"  latest checkpoint  {self.checkpoint_uri}",
                 f"  reports            {self.report_dir} (confusion matrix CSV/PNG)",
                 f"  registered model   version {self.model_version}",
+                f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
                 f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
                 "",
             ]
@@ -111,7 +117,7 @@ def train_images(
     except BaseException:
         end_run(run, failed=True)
         raise
-    end_run(run)
+    end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
     print(summary.render(settings))
     return summary
@@ -272,6 +278,7 @@ def _train_evaluate_register(
         report_dir=report_dir,
         model_version=version,
         world_size=world_size,
+        unsent=trained.unsent,
     )
 
 
