@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.batching import epoch_batches
 from ddpflow.tracking import TRACKING_INCOMPLETE_TAG
 from infra.services import Service, free_port, start_mlflow, stop
-from tests.integration.charlm_runs import EPOCHS, TINY, wait_for_checkpoint
+from tests.integration.charlm_runs import EPOCHS, TINY, small_corpus, wait_for_checkpoint
 from tests.integration.conftest import (
     REPO,
     prefect_records,
@@ -32,8 +32,9 @@ from tests.integration.conftest import (
 pytestmark = pytest.mark.integration
 # Longer than the 60 s after which the old logger dropped what was queued.
 OUTAGE_S = 70
-# Small batches: more steps per epoch, so epochs 2 and 3 run while MLflow is down.
-OUTAGE_RUN = [*TINY, "--batch-size", "256"]
+# The fault tests' tiny training: epochs 2 and 3 (about 3 s each) run while MLflow is down,
+# and the end of training then waits for it on disk (what a long outage looks like).
+OUTAGE_RUN = TINY
 ARTIFACT_KEY = "charlm-tracking-incomplete"
 
 
@@ -127,6 +128,7 @@ def test_a_70s_outage_mid_run_loses_no_metric_and_no_checkpoint(mlflow_server, t
         mlflow_server.start()
         print(f"MLflow was down for {time.monotonic() - down_at:.0f} s")
         proc.wait(timeout=600)
+        print(f"the flow ended {time.monotonic() - down_at:.0f} s after MLflow went down")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -222,7 +224,7 @@ def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(tmp_path):
     project = tmp_path / "project"
     result = run_flow(
         "train_charlm",
-        tiny_charlm(2, hidden_size=64),
+        [*tiny_charlm(2, hidden_size=64), "--source", str(small_corpus())],
         project,
         env={"DDPFLOW_TRACKING_SPOOL_MB": "0.02"},
     )
