@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import pickle
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -22,7 +23,15 @@ import distributed
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, close_logger, end_run, log_restart, logger_for_rank, start_run
+from ddpflow.tracking import (
+    RunRef,
+    close_logger,
+    end_run,
+    failed_on_error,
+    log_restart,
+    logger_for_rank,
+    start_run,
+)
 from ddpflow.tracking_spool import Unsent
 from ddpflow.train_context import TrainContext, TrainSettings, check_seed
 
@@ -77,7 +86,7 @@ def run(
         if on_restart is not None:
             on_restart(restart)
 
-    try:
+    with failed_on_error(ref) if owned else nullcontext():
         outcomes, _ = launch_with_restarts(
             client,
             _rank_entry,
@@ -91,10 +100,6 @@ def run(
             on_restart=restarted,
             on_progress=on_progress,
         )
-    except BaseException:
-        if owned:
-            end_run(ref, failed=True)
-        raise
     result, unsent = outcomes[0]
     if owned:
         end_run(ref, unsent=unsent)  # a run that lacks logging calls is tagged so

@@ -11,7 +11,8 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,18 @@ def register_pt2_model(
             registered_model_name=registered_name,
         )
     return str(info.registered_model_version)
+
+
+@contextmanager
+def failed_on_error(run: RunRef) -> Iterator[RunRef]:
+    """The run's lifecycle around the work done in it: an error (or an interrupt) marks it
+    FAILED on the way out, bounded, and comes through unchanged. Ending it after success is
+    the caller's, who knows what to say (FINISHED, FAILED with no trial done, incomplete)."""
+    try:
+        yield run
+    except BaseException:
+        end_run(run, failed=True)
+        raise
 
 
 def end_run(

@@ -18,7 +18,13 @@ from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking import (
+    RunRef,
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    start_run,
+)
 from ddpflow.tracking_spool import Unsent
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import CharLMParams
@@ -83,11 +89,8 @@ def run_charlm_pipeline(
     run = start_charlm_run(params, settings, raw.sha256, corpus, datasets, len(ranks), tags)
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
+    with failed_on_error(run):
         summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
     end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
     return summary, run, corpus

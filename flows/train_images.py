@@ -14,7 +14,13 @@ from ddpflow import storage
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking import (
+    RunRef,
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    start_run,
+)
 from ddpflow.tracking_spool import Unsent
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
@@ -112,11 +118,8 @@ def train_images(
     run = start_images_run(params, settings, source, data, len(ranks))
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
+    with failed_on_error(run):
         summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
     end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
     print(summary.render(settings))
