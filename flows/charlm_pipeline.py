@@ -18,6 +18,7 @@ from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
+from ddpflow.speed import SpeedSettings
 from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
 from ddpflow.tracking_spool import Unsent
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
@@ -185,6 +186,7 @@ def charlm_job(
         checkpoint_root=checkpoint_dir,
         keep_last=params.keep_last,
         run=run,
+        speed=SpeedSettings(params.precision, pin_memory=params.pin_memory, compile=params.compile),
     )
 
 
