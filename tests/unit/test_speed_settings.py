@@ -168,3 +168,14 @@ def test_uint8_images_cross_to_the_device_and_are_normalised_once_there() -> Non
     expected = ((1 - mean) / std).view(1, 3, 1, 1).expand(2, 3, 8, 8)
     assert torch.allclose(seen[0], expected, atol=1e-5)
     assert seen[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_compile_is_in_place_so_checkpoint_keys_do_not_change() -> None:
+    """Only the wrapping is checked: compiling on this CPU takes too long for a unit test."""
+    model = nn.Linear(2, 2)
+    keys = list(model.state_dict())
+    SpeedSettings(compile=False).resolve(CPU).compile_model(model)
+    assert model._compiled_call_impl is None
+    SpeedSettings(compile=True).resolve(CPU).compile_model(model)
+    assert model._compiled_call_impl is not None
+    assert list(model.state_dict()) == keys
