@@ -122,8 +122,8 @@ def run(quick: bool, compile_too: bool = False) -> dict[str, Any]:
                 rate = _epoch_rate(prepared[name], data, to_batch, batch)
                 if round_:
                     rates[name].append(rate)
-            shown = ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items() if r)
-            print(f"{workload} round {round_}: {shown} samples/s", flush=True)
+            shown = ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items() if r and round_)
+            print(f"{workload} round {round_}: {shown + ' samples/s' if shown else 'warm-up'}")
         for name, p in prepared.items():
             key = f"{workload}/{name}"
             if isinstance(p, str):
