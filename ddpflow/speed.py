@@ -157,8 +157,8 @@ class TrainSpeed:
         machine's kernels lack fails before training with the fix, not at the first step
         (e.g. bf16 LSTMs need a CPU with bf16 instructions). The model and the RNG are left
         as they were."""
-        if self.precision == "fp32" or self.device.type == "cuda":
-            return  # fp32 always runs; on CUDA the GPU's capabilities were checked
+        if self.precision == "fp32":
+            return  # every kernel has fp32
         probe = copy.deepcopy(model)
         try:
             with torch.random.fork_rng(devices=[]), self.autocast():
