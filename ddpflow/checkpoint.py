@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ddpflow import storage
+from ddpflow.speed import TrainSpeed
 from ddpflow.tracking import MetricLogger
 
 FORMAT_VERSION = 1
@@ -37,8 +38,10 @@ def build_state(
     epoch: int,
     model_config: dict[str, Any],
     extra: dict[str, Any] | None = None,
+    speed: TrainSpeed | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint holds: enough to rebuild the model and continue training."""
+    """What a checkpoint holds: enough to rebuild the model and continue training
+    (with `speed`, its GradScaler's scale too: an fp16 run resumes with the same scale)."""
     return {
         "format_version": FORMAT_VERSION,
         "epoch": epoch,
@@ -46,6 +49,7 @@ def build_state(
         "model_state": unwrap(model).state_dict(),
         "optimizer_state": optimizer.state_dict(),
         "extra": dict(extra or {}),
+        "scaler_state": speed.state_dict() if speed is not None else {},
     }
 
 
@@ -112,13 +116,21 @@ def _is_checkpoint_name(name: str) -> bool:
     return name.startswith("epoch-") and name.endswith(".pt")
 
 
-def resume(store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load the latest complete checkpoint into model and optimizer; the epoch to start at."""
+def resume(
+    store: CheckpointStore,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    speed: TrainSpeed | None = None,
+) -> int:
+    """Load the latest complete checkpoint into model, optimizer (and the GradScaler of
+    `speed`); the epoch to start at."""
     if store.latest_uri() is None:
         return 0
     state = store.load()
     model.load_state_dict(state["model_state"])
     optimizer.load_state_dict(state["optimizer_state"])
+    if speed is not None:
+        speed.load_state_dict(state.get("scaler_state"))
     return int(state["epoch"])
 
 

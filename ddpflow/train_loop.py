@@ -22,6 +22,7 @@ from torch import nn
 from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
+from ddpflow.speed import TrainSpeed
 from ddpflow.tracking import MetricLogger, flush_logger
 from ddpflow.training_progress import StepProgress, StepReporter, StepWindow
 
@@ -63,11 +64,15 @@ class FitHooks:
         averaged over the logging window like train_loss.
     on_epoch_end: called after validation and before the checkpoint, so state it changes
         (a scheduler's) is in that epoch's checkpoint.
+    speed: the rank's resolved speed settings (ddpflow.speed): host-to-device copies,
+        autocast around the training forward, backward and step through its GradScaler.
+        None: plain fp32 steps.
     """
 
     evaluate: Evaluate | None = None
     step_metrics: StepMetrics | None = None
     on_epoch_end: Callable[[EpochStats], None] | None = None
+    speed: TrainSpeed | None = None
 
 
 def fit(
@@ -106,6 +111,7 @@ def fit(
             first_step=epoch * steps_per_epoch,
             step_metrics=hooks.step_metrics,
             progress=progress,
+            speed=hooks.speed,
         )
         elapsed = time.perf_counter() - started
         val_metrics = _validate(model, val_data, to_batch, ctx, plan, hooks)
@@ -224,17 +230,19 @@ def _train_epoch(
     first_step,
     step_metrics=None,
     progress: _Progress | None = None,
+    speed: TrainSpeed | None = None,
 ):
+    speed = speed or TrainSpeed(device=ctx.device)
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
     window = StepWindow()
     for i, index in enumerate(_batches(data, plan, ctx, epoch)):
         x, y = to_batch(data[index])
-        x, y = x.to(ctx.device, non_blocking=True), y.to(ctx.device, non_blocking=True)
+        x, y = speed.to_device(x), speed.to_device(y)
         optimizer.zero_grad(set_to_none=True)
-        logits, loss = model(x, y)
-        loss.backward()
-        optimizer.step()
+        with speed.autocast():
+            logits, loss = model(x, y)
+        speed.backward_and_step(loss, optimizer)
         ctx.heartbeat()  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)

@@ -18,6 +18,7 @@ from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
+from ddpflow.speed import SpeedSettings
 from ddpflow.tracking import (
     RunRef,
     default_artifact_location,
@@ -188,6 +189,7 @@ def charlm_job(
         checkpoint_root=checkpoint_dir,
         keep_last=params.keep_last,
         run=run,
+        speed=SpeedSettings(params.precision, pin_memory=params.pin_memory, compile=params.compile),
     )
 
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -41,6 +42,23 @@ Fraction = Annotated[float, Field(gt=0, lt=1)]
 KeepLast = Annotated[int, Field(ge=1)]
 RankTimeout = Annotated[float, Field(gt=0, le=MAX_RANK_TIMEOUT_S)]
 Name = Annotated[str, Field(min_length=1)]
+# Speed settings (ddpflow.speed): "auto" picks per device on each rank (fp32, no
+# channels_last and no pinning on CPU).
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+def _toggle(value: object) -> object:
+    # One message for a bad value instead of pydantic's one per union member; the CLI
+    # passes these as text.
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or text == "auto":
+        return value if isinstance(value, bool) else "auto"
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError("is not true, false or auto")
+
+
+AutoToggle = Annotated[bool | Literal["auto"], BeforeValidator(_toggle)]
 
 # What to pass instead, per field, appended to pydantic's message (which says what is wrong).
 FIXES = {
@@ -61,6 +79,10 @@ FIXES = {
     "keep_last": "pass a positive number of checkpoints to keep",
     "target_loss": "pass a validation loss above 0, e.g. 2.0, or leave it unset",
     "target_accuracy": "pass an accuracy above 0 and at most 1, e.g. 0.9, or leave it unset",
+    "precision": "pass auto (bf16 on GPUs, fp32 on CPU), fp32, bf16 or fp16",
+    "channels_last": "pass auto (on for GPUs), true or false",
+    "pin_memory": "pass auto (on for GPUs), true or false",
+    "compile": "pass true or false",
 }
 
 CREDENTIALS_FIX = (
@@ -105,6 +127,9 @@ class CharLMParams(_Params):
     experiment: Name
     max_restarts: int = Field(default=2, ge=0, le=100)
     min_workers: int | None = Field(default=None, ge=1, description="None: the world size")
+    precision: Precision = "auto"
+    pin_memory: AutoToggle = "auto"
+    compile: bool = False
 
     # Before the length check, so a blank source is rejected rather than stripped to "".
     @field_validator("source", mode="before")
@@ -205,6 +230,10 @@ class ImageParams(_Params):
     max_restarts: int = Field(default=2, ge=0, le=100)
     model_name: Name
     experiment: Name
+    precision: Precision = "auto"
+    channels_last: AutoToggle = "auto"
+    pin_memory: AutoToggle = "auto"
+    compile: bool = False
 
     @field_validator("source", "weights", mode="before")
     @classmethod

@@ -43,6 +43,9 @@ def retrain_charlm(
     max_restarts: int = 2,
     min_workers: int | None = None,
     margin: float = 0.0,
+    precision: str = "auto",
+    pin_memory: str | bool = "auto",
+    compile: bool = False,
 ) -> Decision:
     """Train a challenger and promote it to `champion` only if it is better by `margin`."""
     values = dict(locals())

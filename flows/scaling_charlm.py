@@ -60,6 +60,9 @@ def scaling_charlm(
     rank_timeout_s: float = 120.0,
     max_restarts: int = 2,
     experiment: str = "ddpflow-charlm-scaling",
+    precision: str = "auto",
+    pin_memory: str | bool = "auto",
+    compile: bool = False,
 ) -> ScalingSummary:
     """Train the pet-name LSTM at each world size in turn and compare the throughput."""
     values = dict(locals())

@@ -65,6 +65,10 @@ def scaling_images(
     rank_timeout_s: float = 120.0,
     max_restarts: int = 2,
     experiment: str = "ddpflow-images-scaling",
+    precision: str = "auto",
+    channels_last: str | bool = "auto",
+    pin_memory: str | bool = "auto",
+    compile: bool = False,
 ) -> ScalingSummary:
     """Fine-tune the ResNet at each world size in turn and compare the throughput."""
     values = dict(locals())

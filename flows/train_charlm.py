@@ -33,6 +33,9 @@ def train_charlm(
     experiment: str = "ddpflow-charlm",
     max_restarts: int = 2,
     min_workers: int | None = None,
+    precision: str = "auto",
+    pin_memory: str | bool = "auto",
+    compile: bool = False,
 ) -> CharLMSummary:
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     params = validate_params(CharLMParams, dict(locals()))

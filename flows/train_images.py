@@ -14,6 +14,7 @@ from ddpflow import storage
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
+from ddpflow.speed import SpeedSettings
 from ddpflow.tracking import (
     RunRef,
     default_artifact_location,
@@ -106,6 +107,10 @@ def train_images(
     max_restarts: int = 2,
     model_name: str = "ddpflow-images",
     experiment: str = "ddpflow-images",
+    precision: str = "auto",
+    channels_last: str | bool = "auto",
+    pin_memory: str | bool = "auto",
+    compile: bool = False,
 ) -> ImageSummary:
     """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
     params = validate_params(ImageParams, dict(locals()))
@@ -252,6 +257,9 @@ def image_job(
         checkpoint_root=checkpoint_dir,
         keep_last=params.keep_last,
         run=run,
+        speed=SpeedSettings(
+            params.precision, params.channels_last, params.pin_memory, params.compile
+        ),
     )
 
 

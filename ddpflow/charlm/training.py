@@ -10,12 +10,14 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
+from ddpflow.speed import PLAIN, SpeedSettings, announce
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking_spool import Unsent
-from ddpflow.train_loop import EpochStats, FitPlan, fit
+from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
 from ddpflow.training_progress import progress_topic
 
 
@@ -34,6 +36,7 @@ class CharLMTrainJob:
     keep_last: int
     run: RunRef
     log_every_steps: int = 20
+    speed: SpeedSettings = PLAIN
 
 
 @dataclass(frozen=True)
@@ -52,17 +55,22 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     dropout RNG from (seed, rank, epoch) at every epoch start, so weights, optimizer state and
     the epoch number are all a checkpoint at an epoch boundary needs.
     """
+    speed = job.speed.resolve(ctx.device)  # a setting this device cannot run fails here
     torch.manual_seed(job.seed)  # same initial weights on every rank
-    model = CharLSTM(job.model).to(ctx.device)
+    model = speed.apply_to_model(CharLSTM(job.model).to(ctx.device))
+    probe = torch.zeros(2, CONTEXT_LEN, dtype=torch.uint8)
+    speed.check_runs(model, probe, probe)  # before any checkpoint is read or written
     optimizer = torch.optim.Adam(model.parameters(), lr=job.lr)
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
-    start_epoch = resume(store, model, optimizer)
+    start_epoch = resume(store, model, optimizer, speed)
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
+    speed.compile_model(ddp_model)
     logger = logger_for_rank(
         ctx.is_main, job.run, spool_folder(job.checkpoint_root, job.run.run_id)
     )
+    announce(speed, ctx, logger)
 
     def save_checkpoint(epoch: int) -> None:
         state = build_state(
@@ -79,6 +87,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 "step_in_epoch": 0,
                 "data_order": {"seed": job.seed, "next_epoch": epoch, "world_size": ctx.world_size},
             },
+            speed=speed,
         )
         record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
 
@@ -100,6 +109,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 log_every_steps=job.log_every_steps,
                 progress_topic=progress_topic(job.run.run_id),
             ),
+            hooks=FitHooks(speed=speed),
         )
     # Everything logged is in MLflow before the flow reads it, or listed in `unsent`.
     unsent = close_logger(logger, ctx.heartbeat)

@@ -14,6 +14,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
+from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking_spool import Unsent
@@ -50,6 +51,7 @@ class ImageTrainJob:
     run: RunRef
     log_every_steps: int = 5
     eval_batch_size: int = 256
+    speed: SpeedSettings = PLAIN
 
 
 @dataclass(frozen=True)
@@ -79,22 +81,29 @@ class _Trainer:
     optimizer: torch.optim.Optimizer
     scheduler: ReduceLROnPlateau
     lr: float
+    speed: TrainSpeed
 
 
 def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
+    speed = job.speed.resolve(ctx.device, images=True)  # fails before any training
     torch.manual_seed(job.seed)  # the same new head on every rank (DDP broadcasts it anyway)
     cfg = job.model
     weights = job.weights_uri or "none"
     model = build_resnet(cfg.arch, cfg.num_classes, weights, cfg.freeze_backbone).to(ctx.device)
+    model = speed.apply_to_model(model)  # channels_last before DDP registers its buffers
+    size = cfg.image_size
+    probe = torch.zeros(2, 3, size, size, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)
+    speed.check_runs(model, *probe)
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
+    speed.compile_model(ddp_model)
     # Linear scaling: the global batch is batch_size * world_size, so is the step.
     lr = job.lr * ctx.world_size
     optimizer = make_optimizer(job.optimizer, trainable_parameters(model), lr)
     # Stepped with the all-reduced validation loss, so every rank takes the same decision.
     scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=job.lr_patience)
-    return _Trainer(model, ddp_model, optimizer, scheduler, lr)
+    return _Trainer(model, ddp_model, optimizer, scheduler, lr, speed)
 
 
 def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
@@ -105,14 +114,17 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
     )
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
     # After a restart: continue from the latest complete checkpoint (scheduler included).
-    start_epoch = resume(store, built.model, optimizer)
+    start_epoch = resume(store, built.model, optimizer, built.speed)
+    announce(built.speed, ctx, logger)
     if start_epoch:
         scheduler.load_state_dict(store.load()["scheduler_state"])
     train, val = load_split(job.train_uri), load_split(job.val_uri)
 
     def save_checkpoint(epoch: int) -> None:
         extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
-        state = build_state(built.model, optimizer, epoch, job.model.to_dict(), extra=extra)
+        state = build_state(
+            built.model, optimizer, epoch, job.model.to_dict(), extra=extra, speed=built.speed
+        )
         state["scheduler_state"] = scheduler.state_dict()
         record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
 
@@ -124,6 +136,7 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         evaluate=partial(_evaluate, split=val, ctx=ctx, batch_size=job.eval_batch_size),
         step_metrics=step_metrics,
         on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
+        speed=built.speed,
     )
     plan = FitPlan(
         job.epochs,

@@ -52,6 +52,13 @@ ARGS = [
     "2",
     "--keep-last",
     "2",
+    # Accepted end to end; on CPU "auto" resolves to fp32, contiguous, unpinned.
+    "--precision",
+    "auto",
+    "--channels-last",
+    "auto",
+    "--pin-memory",
+    "false",
 ]
 CORRUPT_KEY = "artifacts/data/digits/3/corrupt.png"
 
@@ -104,6 +111,13 @@ def test_per_step_metrics_and_lr_scaled_by_world_size(trained):
     assert [step for step, _ in _history(trained, "val_loss")] == list(range(1, EPOCHS + 1))
     params = trained["run"].data.params
     assert params["world_size"] == "2" and float(params["effective_lr"]) == 0.002
+    assert (params["precision"], params["channels_last"], params["pin_memory"]) == (
+        "auto",
+        "auto",
+        "False",
+    )
+    resolved = json.loads(trained["run"].data.tags["ddpflow.speed"])
+    assert (resolved["precision"], resolved["channels_last"]) == ("fp32", False)
 
 
 def test_confusion_matrix_sums_to_the_validation_set_size(trained, moto):

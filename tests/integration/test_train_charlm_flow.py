@@ -69,7 +69,10 @@ def data_files(artifacts: Path) -> dict[str, tuple[int, int]]:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("charlm")
-    result = run_flow("train_charlm", TINY, project)
+    # The speed settings reach the ranks: pinning is asked for, and is a no-op on CPU.
+    result = run_flow(
+        "train_charlm", [*TINY, "--pin-memory", "true", "--precision", "auto"], project
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     client = project_tracking(project)
     experiment = client.get_experiment_by_name("ddpflow-charlm")
@@ -106,6 +109,17 @@ def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
     ):
         assert key in run.data.params, key
     assert run.data.params["world_size"] == "2"
+    assert (run.data.params["precision"], run.data.params["pin_memory"]) == ("auto", "True")
+    # What ran, resolved on the CPU ranks: docs/charlm.md "Speed settings".
+    resolved = json.loads(run.data.tags["ddpflow.speed"])
+    assert resolved == {
+        "precision": "fp32",
+        "channels_last": False,
+        "pin_memory": False,
+        "tf32": False,
+        "compile": False,
+    }
+    assert "pin_memory: no CUDA device, so nothing is pinned" in trained["stdout"]
     assert run.data.tags["prefect.flow_run_id"]
     assert trained["experiment"].tags["mlflow.experimentKind"] == "custom_model_development"
 

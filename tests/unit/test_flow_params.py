@@ -61,6 +61,9 @@ def test_parameters_are_frozen() -> None:
         ("num_layers", 65),
         ("epochs", "many"),
         ("source", "   "),
+        ("precision", "fp8"),
+        ("pin_memory", "maybe"),
+        ("compile", "sometimes"),
     ],
 )
 def test_bad_value_names_field_and_value(field: str, value: Any) -> None:
@@ -104,3 +107,12 @@ def test_parameter_error_is_a_value_error_without_pydantic_context() -> None:
         validate_params(CharLMParams, {**VALID, "epochs": 0})
     assert isinstance(info.value, ValueError)
     assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def test_speed_settings_default_to_auto_and_take_cli_text() -> None:
+    params = validate_params(CharLMParams, dict(VALID))
+    assert (params.precision, params.pin_memory, params.compile) == ("auto", "auto", False)
+    text = validate_params(CharLMParams, {**VALID, "pin_memory": "False", "precision": "bf16"})
+    assert (text.pin_memory, text.precision) == (False, "bf16")
+    with pytest.raises(ParameterError, match=r"precision='fp8'.*pass auto .*fp32, bf16 or fp16"):
+        validate_params(CharLMParams, {**VALID, "precision": "fp8"})

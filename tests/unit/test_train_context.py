@@ -85,6 +85,19 @@ def test_resume_restores_every_named_object_in_one_load(tmp_path: Path):
     assert fresh_optimizer.state_dict()["state"][0]["step"] == 3
 
 
+def test_a_grad_scaler_is_saved_and_resumed_like_any_state_dict_object(tmp_path: Path):
+    """fp16 training needs a GPU; the scaler is enabled on CPU here for its state only."""
+    ctx = context(checkpoint_dir=str(tmp_path))
+    model, optimizer, _ = trained(1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler.scale(torch.ones(()))  # the scale tensor exists from the first scaled loss
+    scaler.update(new_scale=96.0)  # as after overflowing steps
+    ctx.save_checkpoint(1, model=model, optimizer=optimizer, scaler=scaler)
+    fresh = torch.amp.GradScaler("cpu")
+    assert ctx.resume(model=model, optimizer=optimizer, scaler=fresh) == 1
+    assert fresh.get_scale() == 96.0 and fresh.state_dict() == scaler.state_dict()
+
+
 def test_resume_names_a_mismatch_with_what_was_saved(tmp_path: Path):
     ctx = context(checkpoint_dir=str(tmp_path))
     model, optimizer, _ = trained(1)

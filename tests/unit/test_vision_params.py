@@ -50,6 +50,9 @@ def test_defaults_pass_and_strings_are_stripped() -> None:
         ("source", "   "),
         ("weights", ""),
         ("world_size", 0),
+        ("precision", "half"),
+        ("channels_last", "maybe"),
+        ("pin_memory", 2),
     ],
 )
 def test_bad_values_name_the_field_and_value(field: str, value: Any) -> None:

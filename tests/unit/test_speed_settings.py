@@ -1,0 +1,181 @@
+"""Speed settings: "auto" per device, refusals that name the setting, the GradScaler in the
+checkpoint, autocast inside the model and the image normalisation applied once, on device.
+
+CUDA cases use `torch.device("cuda")` with hand-written `CudaCaps`: a faked GPU for the
+resolution logic only (this machine has none; nothing is run on it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume
+from ddpflow.distributed.context import RankContext
+from ddpflow.speed import CudaCaps, SpeedError, SpeedSettings, TrainSpeed
+from ddpflow.train_loop import FitHooks, FitPlan, fit
+from ddpflow.vision.model import IMAGENET_MEAN, IMAGENET_STD, build_resnet
+
+CPU = torch.device("cpu")
+FAKE_GPU = torch.device("cuda")  # never used for tensors: no GPU here
+AMPERE = CudaCaps(bf16=True, tf32=True)
+VOLTA = CudaCaps(bf16=False, tf32=False)
+
+
+def test_auto_on_cpu_changes_nothing() -> None:
+    speed = SpeedSettings("auto", "auto", "auto").resolve(CPU, images=True)
+    assert speed.describe() == {
+        "precision": "fp32",
+        "channels_last": False,
+        "pin_memory": False,
+        "tf32": False,
+        "compile": False,
+    }
+    assert not speed.scaler.is_enabled() and speed.notes == ()
+
+
+def test_pinning_on_cpu_is_a_no_op_that_says_why() -> None:
+    speed = SpeedSettings(pin_memory=True).resolve(CPU)
+    assert speed.pin_memory is False
+    assert speed.notes == ("pin_memory: no CUDA device, so nothing is pinned",)
+
+
+def test_auto_on_a_faked_bf16_gpu() -> None:
+    images = SpeedSettings("auto", "auto", "auto").resolve(FAKE_GPU, AMPERE, images=True)
+    assert (images.precision, images.channels_last, images.pin_memory, images.tf32) == (
+        "bf16",
+        True,
+        True,
+        True,
+    )
+    lstm = SpeedSettings("auto", "auto", "auto").resolve(FAKE_GPU, AMPERE)
+    assert lstm.channels_last is False, "channels_last applies to image models only"
+
+
+@pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")  # no real GPU
+def test_auto_on_a_faked_gpu_without_bf16_is_fp16_and_strict_fp32_has_no_tf32() -> None:
+    assert SpeedSettings("auto").resolve(FAKE_GPU, VOLTA).precision == "fp16"
+    assert SpeedSettings("fp32").resolve(FAKE_GPU, AMPERE).tf32 is False
+    assert SpeedSettings("bf16").resolve(FAKE_GPU, AMPERE).tf32 is True
+
+
+@pytest.mark.parametrize(
+    ("settings", "device", "caps", "match"),
+    [
+        (dict(precision="fp8"), CPU, None, r"precision='fp8' is not one of .*pass auto"),
+        (dict(precision="fp16"), CPU, None, r"precision='fp16' needs a CUDA device.*pass bf16"),
+        (dict(precision="bf16"), FAKE_GPU, VOLTA, r"precision='bf16'.*no bf16; pass fp16"),
+        (dict(channels_last=True), CPU, None, r"channels_last=true applies to image models"),
+        (dict(pin_memory="yes"), CPU, None, r"pin_memory='yes': pass true, false or auto"),
+    ],
+)
+def test_a_setting_the_device_cannot_run_is_named_with_the_fix(settings, device, caps, match):
+    with pytest.raises(SpeedError, match=match):
+        SpeedSettings(**settings).resolve(device, caps)
+
+
+def test_a_precision_the_cpu_kernels_lack_fails_before_training() -> None:
+    class Broken(nn.Module):
+        def forward(self, x, y):
+            if torch.is_autocast_enabled("cpu"):
+                raise RuntimeError("could not create a primitive descriptor\nmore")
+            return x, x.sum()
+
+    speed = SpeedSettings("bf16").resolve(CPU)
+    with pytest.raises(SpeedError, match=r"precision='bf16' does not run .*primitive.*fp32"):
+        speed.check_runs(Broken(), torch.zeros(2), torch.zeros(2))
+    SpeedSettings("fp32").resolve(CPU).check_runs(Broken(), torch.zeros(2), torch.zeros(2))
+
+
+def test_the_grad_scaler_state_round_trips_through_a_checkpoint(tmp_path) -> None:
+    """fp16 needs a GPU; its GradScaler is enabled here on CPU to check the state only."""
+    model = nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    saved = TrainSpeed(precision="fp16")
+    saved.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=3)
+    # An overflowing step halves the scale; a finite one advances the growth tracker.
+    for value in (float("inf"), 1.0):
+        saved.scaler.scale(model(torch.full((1, 2), value)).sum()).backward()
+        saved.scaler.step(optimizer)
+        saved.scaler.update()
+        optimizer.zero_grad()
+    assert saved.scaler.get_scale() == 2.0**9
+    store = CheckpointStore(str(tmp_path))
+    state = build_state(model, optimizer, 1, {}, speed=saved)
+    store.save_encoded(1, encode(state))
+    restored = TrainSpeed(precision="fp16")
+    restored.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
+    assert resume(store, nn.Linear(2, 2), torch.optim.SGD(model.parameters(), lr=0.1), restored)
+    assert restored.scaler.state_dict() == saved.scaler.state_dict()
+    assert restored.scaler.state_dict()["_growth_tracker"] == 1
+
+
+class Recording(nn.Module):
+    """Records the dtype its layer computes in during training."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 2)
+        self.dtypes: list[torch.dtype] = []
+
+    def forward(self, x, targets=None):
+        logits = self.layer(x)
+        if self.training:
+            self.dtypes.append(logits.dtype)
+        return logits, F.cross_entropy(logits.float(), targets)
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"), [("bf16", torch.bfloat16), ("fp32", torch.float32)]
+)
+def test_fit_runs_the_training_forward_under_autocast(precision, dtype) -> None:
+    torch.manual_seed(0)
+    data = torch.randn(8, 4)
+    model = Recording()
+    fit(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        torch.arange(8),
+        torch.arange(4),
+        lambda index: (data[index], (data[index, 0] > 0).long()),
+        RankContext(rank=0, world_size=1, device=CPU, backend="none"),
+        _NoLog(),
+        lambda epoch: None,
+        FitPlan(epochs=1, batch_size=4, seed=0),
+        FitHooks(speed=SpeedSettings(precision).resolve(CPU)),
+    )
+    assert model.dtypes == [dtype, dtype]
+    assert model.layer.weight.dtype == torch.float32, "the weights stay fp32"
+
+
+class _NoLog:
+    def log_metrics(self, metrics, step):
+        pass
+
+
+def test_uint8_images_cross_to_the_device_and_are_normalised_once_there() -> None:
+    speed = SpeedSettings(channels_last=True).resolve(CPU, images=True)
+    model = speed.apply_to_model(build_resnet("resnet18", 2))
+    seen: list[torch.Tensor] = []
+    model.backbone.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = speed.to_device(torch.full((2, 3, 8, 8), 255, dtype=torch.uint8))
+    assert x.dtype == torch.uint8, "a quarter of the bytes of float32 cross to the device"
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    model(x)
+    mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    expected = ((1 - mean) / std).view(1, 3, 1, 1).expand(2, 3, 8, 8)
+    assert torch.allclose(seen[0], expected, atol=1e-5)
+    assert seen[0].is_contiguous(memory_format=torch.channels_last)
+
+
+def test_compile_is_in_place_so_checkpoint_keys_do_not_change() -> None:
+    """Only the wrapping is checked: compiling on this CPU takes too long for a unit test."""
+    model = nn.Linear(2, 2)
+    keys = list(model.state_dict())
+    SpeedSettings(compile=False).resolve(CPU).compile_model(model)
+    assert model._compiled_call_impl is None
+    SpeedSettings(compile=True).resolve(CPU).compile_model(model)
+    assert model._compiled_call_impl is not None
+    assert list(model.state_dict()) == keys
