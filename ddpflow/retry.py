@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
     NotADirectoryError,
 )
+# A full disk or quota, or a read-only filesystem, will not clear up while we wait either.
+PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError)
 # HTTP statuses worth retrying: throttling and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -41,6 +44,8 @@ TRANSIENT_ERROR_NAMES = frozenset(
 
 def is_transient(error: BaseException) -> bool:
     if isinstance(error, PERMANENT_ERRORS):
+        return False
+    if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
         return False
     if isinstance(error, TRANSIENT_ERRORS):
         return True

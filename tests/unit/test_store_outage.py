@@ -8,6 +8,7 @@ minutes of outage take milliseconds.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import types
@@ -199,15 +200,24 @@ def test_in_a_group_rank_0_gives_up_before_the_other_ranks_stop_waiting(
     assert store.latest_uri() is None
 
 
-def test_a_permission_error_is_not_waited_out(tmp_path, monkeypatch, fake_time):
+@pytest.mark.parametrize(
+    "error",
+    [
+        PermissionError("access denied"),
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EROFS, "Read-only file system"),
+    ],
+)
+def test_a_refusal_or_a_full_disk_is_not_waited_out(tmp_path, monkeypatch, fake_time, error):
     store = CheckpointStore(str(tmp_path / "ckpt"))
 
-    def denied(uri: str, data: bytes) -> None:
-        raise PermissionError(f"access denied: {uri}")
+    def refused(uri: str, data: bytes) -> None:
+        raise error
 
-    monkeypatch.setattr(storage, "write_bytes", denied)
-    with pytest.raises(PermissionError):
+    monkeypatch.setattr(storage, "write_bytes", refused)
+    with pytest.raises(OSError) as info:
         store.save_encoded(1, encode(state(1)))
+    assert info.value is error
     assert fake_time.sleeps == []
 
 
