@@ -147,4 +147,5 @@ def retry_for(
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
+    text = str(error)  # a timeout often says nothing but its type
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
