@@ -25,13 +25,12 @@ import torch
 from bench.common import stop_cleanly_on_sigterm
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus, format_corpus
-from ddpflow.charlm.training import TrainResult
+from ddpflow.charlm.training import CharLMTrainJob, TrainResult
 from ddpflow.cluster import local_cluster
 from ddpflow.distributed import RankSpec, cluster_workers, launch
 from ddpflow.distributed.context import find_free_port, process_group
 from ddpflow.sweep import (
     SweepSetup,
-    TrialJob,
     TrialOutcome,
     TrialSpec,
     WorkerSlots,
@@ -72,7 +71,7 @@ def on_cluster(
         startup_s = time.perf_counter() - started
         workers = sorted(cluster_workers(client))
 
-        def train(job: TrialJob, assigned: list[str]) -> TrainResult:
+        def train(job: CharLMTrainJob, assigned: list[str]) -> TrainResult:
             return launch(
                 client, trial_rank, job, world_size=1, workers=assigned, timeout_s=TIMEOUT_S
             )[0]
@@ -84,7 +83,7 @@ def on_cluster(
     return startup_s, seconds, outcomes
 
 
-def _train_here(job: TrialJob, workers: list[str]) -> TrainResult:
+def _train_here(job: CharLMTrainJob, workers: list[str]) -> TrainResult:
     """A group of one in this process: the same rank function, no Dask."""
     spec = RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", TIMEOUT_S, uuid.uuid4().hex)
     with process_group(spec) as ctx:

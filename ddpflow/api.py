@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import pickle
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any, TypeVar
 
 import cloudpickle
@@ -22,7 +23,16 @@ import distributed
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, close_logger, end_run, log_restart, logger_for_rank, start_run
+from ddpflow.tracking import (
+    RunRef,
+    close_logger,
+    end_run,
+    failed_on_error,
+    log_restart,
+    logger_for_rank,
+    start_run,
+)
+from ddpflow.tracking_spool import Unsent
 from ddpflow.train_context import TrainContext, TrainSettings, check_seed
 
 R = TypeVar("R")
@@ -76,8 +86,8 @@ def run(
         if on_restart is not None:
             on_restart(restart)
 
-    try:
-        results, _ = launch_with_restarts(
+    with failed_on_error(ref) if owned else nullcontext():
+        outcomes, _ = launch_with_restarts(
             client,
             _rank_entry,
             train,
@@ -90,25 +100,26 @@ def run(
             on_restart=restarted,
             on_progress=on_progress,
         )
-    except BaseException:
-        if owned:
-            end_run(ref, failed=True)
-        raise
+    result, unsent = outcomes[0]
     if owned:
-        end_run(ref)
-    return results[0]
+        end_run(ref, unsent=unsent)  # a run that lacks logging calls is tagged so
+    return result
 
 
 def _rank_entry(
     rank_ctx: Any, train: Callable[..., R], args: tuple, settings: TrainSettings, ref: RunRef | None
-) -> R:
-    """On each rank's worker: the user's function with its TrainContext, logger flushed after."""
+) -> tuple[R, tuple[Unsent, ...]]:
+    """On each rank's worker: the user's function with its TrainContext. Then the logger's
+    calls are sent (bounded, the heartbeat kept going); what MLflow still lacks comes back
+    with the result, so the run can say it is incomplete."""
     logger = logger_for_rank(rank_ctx.is_main, ref) if ref is not None else None
+    unsent: list[Unsent] = []
     try:
-        return train(TrainContext(rank_ctx, settings, logger), *args)
+        result = train(TrainContext(rank_ctx, settings, logger), *args)
     finally:
         if logger is not None:
-            close_logger(logger)
+            unsent = close_logger(logger, rank_ctx.heartbeat)
+    return result, tuple(unsent)
 
 
 def check_inputs(

@@ -182,5 +182,5 @@ def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
         path = os.path.join(tmp, uri.rsplit("/", 1)[-1])
         with open(path, "wb") as f:
             f.write(data)
-        logger.log_artifact(path, "checkpoints")
+        logger.log_artifact(path, "checkpoints", origin=uri)
     logger.set_tags({LATEST_CHECKPOINT_TAG: uri})

@@ -1,22 +1,32 @@
-"""Rank 0's metric loggers: where a rank logs (RunRef), and how (in MLflow, on a background
-thread that never blocks training, or nowhere on the other ranks)."""
+"""Rank 0's metric loggers: where a rank logs (RunRef), and how (in MLflow, through an
+on-disk spool and a background thread that never block training, or nowhere on the other
+ranks)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import queue
-import shutil
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
+
+from ddpflow.redact import redact_text
+from ddpflow.tracking_spool import (
+    FLUSH_TIMEOUT_ENV,
+    Entry,
+    Spool,
+    Unsent,
+    flush_timeout_s,
+    spool_max_bytes,
+)
 
 log = logging.getLogger(__name__)
 
@@ -30,13 +40,15 @@ class RunRef:
 
 
 # The longest rank 0 waits at a checkpoint for MLflow to take the epoch's metrics.
-FLUSH_TIMEOUT_S = 10.0
+CHECKPOINT_FLUSH_TIMEOUT_S = 10.0
 
 
 class MetricLogger(Protocol):
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None: ...
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None: ...
 
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
 
@@ -47,7 +59,9 @@ class NullLogger:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -64,7 +78,9 @@ class MlflowLogger:
         batch = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
         self.client.log_batch(self.run.run_id, metrics=batch)
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None:
         self.client.log_artifact(self.run.run_id, local_path, artifact_path)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -72,77 +88,151 @@ class MlflowLogger:
 
 
 class BackgroundMlflowLogger:
-    """An MlflowLogger whose calls run on a background thread, in order.
+    """An MlflowLogger whose calls wait on disk and are sent by a background thread, in order.
 
     Rank 0 never waits for MLflow: a slow or dead server would otherwise stall rank 0, and
     with it every other rank at the next collective (MLflow's client retries a failing server
-    for minutes). A call that fails is reported and dropped; training goes on. `close()`
-    waits a bounded time for what is queued.
+    for minutes). Each call is first written to a bounded folder (ddpflow.tracking_spool), so
+    an outage only delays it: a call that fails is retried, the oldest first, until MLflow
+    takes it. `close()` waits a bounded time for what waits and returns what MLflow still
+    lacks then.
 
-    A restarted attempt re-runs the steps after its checkpoint that an earlier attempt
-    already logged. Those (key, step) points are skipped, so every metric has each step
-    once: resume is exact, so the earlier attempt logged the same loss. What was logged
-    before is read from MLflow the first time each key is logged (on this thread).
+    Each metric step ends up in MLflow once. A restarted attempt re-runs the steps after its
+    checkpoint that an earlier attempt already logged, and a call retried after an outage may
+    have reached MLflow before its answer was lost: points at or below the last step MLflow
+    holds for their key are skipped. That step is read from MLflow the first time a key is
+    logged and again after each failed call (on this thread). Resume is exact, so the earlier
+    attempt logged the same values.
     """
 
-    def __init__(self, run: RunRef, close_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        run: RunRef,
+        spool_dir: str | Path | None = None,
+        close_timeout_s: float | None = None,
+        max_spool_bytes: int | None = None,
+        retry_max_s: float = 10.0,
+    ):
         self._logger = MlflowLogger(run)
-        self._close_timeout_s = close_timeout_s
-        self._queue: queue.Queue[Callable[[], None] | None] = queue.Queue()
-        self._logged_before: dict[str, int] = {}  # key -> last step an earlier attempt logged
-        self._spool = tempfile.mkdtemp(prefix="ddpflow-mlflow-")
+        self._close_timeout_s = flush_timeout_s() if close_timeout_s is None else close_timeout_s
+        folder = Path(spool_dir) if spool_dir else Path(tempfile.mkdtemp(prefix="ddpflow-spool-"))
+        self.spool = Spool(folder, max_spool_bytes or spool_max_bytes())
+        self._retry_max_s = retry_max_s
+        self._logged_before: dict[str, int] = {}  # key -> last step MLflow holds
+        self._wake = threading.Event()  # a call was added, or close() began
+        self._closing = threading.Event()
+        self._stop = threading.Event()  # close() gave up waiting: send nothing more
         self._thread = threading.Thread(target=self._drain, name="mlflow-logger", daemon=True)
         self._thread.start()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        now_ms = int(time.time() * 1000)  # stamped now, not when the thread gets to it
-        batch = [Metric(k, float(v), now_ms, step) for k, v in metrics.items()]
-        self._queue.put(lambda: self._log_new(batch))
+        now_ms = int(time.time() * 1000)  # stamped now, not when MLflow takes it
+        points = [[k, float(v), now_ms, step] for k, v in metrics.items()]
+        self._add("metrics", f"metrics {', '.join(metrics)} at step {step}", {"points": points})
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
-        # The caller may delete its file as soon as we return: upload a copy of our own.
-        copy = os.path.join(self._spool, uuid.uuid4().hex, os.path.basename(local_path))
-        os.makedirs(os.path.dirname(copy))
-        shutil.copyfile(local_path, copy)
-
-        def upload() -> None:
-            try:
-                self._logger.log_artifact(copy, artifact_path)
-            finally:
-                shutil.rmtree(os.path.dirname(copy), ignore_errors=True)
-
-        self._queue.put(upload)
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None:
+        # The spool keeps a copy: the caller may delete its file as soon as we return.
+        name = "/".join(p for p in (artifact_path, os.path.basename(local_path)) if p)
+        body = {"artifact_path": artifact_path}
+        self._add("artifact", f"artifact {name}", body, file=local_path, origin=origin)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        tags = dict(tags)
-        self._queue.put(lambda: self._logger.set_tags(tags))
+        tags = {k: str(v) for k, v in tags.items()}
+        what = "tags " + ", ".join(f"{k}={v}" for k, v in tags.items())
+        self._add("tags", what, {"tags": tags})
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for every call queued so far; True when they are done.
+        """Wait up to `timeout_s` until MLflow took every call added so far; True if it did.
 
         Called before each checkpoint: a resume starts after the checkpoint and never logs
-        its epochs again, so their metrics must be in MLflow before it exists. Without this,
-        a worker that died right after a checkpoint lost the epoch's queued metrics.
+        its epochs again, and a restarted attempt spools into a folder of its own, so the
+        epoch's calls should be in MLflow before the checkpoint exists. With MLflow down
+        this gives up after `timeout_s`; the calls stay on disk and are still sent.
         """
-        done = threading.Event()
-        self._queue.put(done.set)
-        return done.wait(timeout_s)
+        last = self.spool.last_seq()
+        deadline = time.monotonic() + timeout_s
+        while (oldest := self.spool.oldest()) is not None and oldest.seq <= last:
+            if time.monotonic() >= deadline or not self._thread.is_alive():
+                return False
+            time.sleep(0.02)
+        return True
 
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(self._close_timeout_s)
-        if self._thread.is_alive():
-            log.warning(
-                "MLflow did not take the last %d logging calls within %.0fs; they are dropped",
-                self._queue.qsize(),
-                self._close_timeout_s,
-            )
-        shutil.rmtree(self._spool, ignore_errors=True)
+    def close(self, heartbeat: Callable[[], None] | None = None) -> list[Unsent]:
+        """Wait (bounded) until MLflow took everything; what it still lacks then.
 
-    def _log_new(self, batch: list[Metric]) -> None:
-        new = [m for m in batch if m.step > self._last_step_logged_before(m.key)]
-        if new:
-            self._logger.client.log_batch(self._logger.run.run_id, metrics=new)
+        `heartbeat` is called every few seconds while waiting (the launcher's watchdog must
+        not take a long wait for a hung rank). After the wait nothing more is sent; the calls
+        left stay on disk in the spool folder, which the returned list names.
+        """
+        self._closing.set()
+        self._wake.set()
+        deadline = time.monotonic() + self._close_timeout_s
+        while self._thread.is_alive() and (left := deadline - time.monotonic()) > 0:
+            self._thread.join(min(left, 5.0))
+            if heartbeat is not None:
+                heartbeat()
+        self._stop.set()
+        unsent = self.spool.unsent()
+        if unsent:
+            log.error(
+                "MLflow run %s is missing %d logging calls after waiting %.0fs (%s); they "
+                "stay in %s: %s",
+                self._logger.run.run_id, len(unsent), self._close_timeout_s,
+                FLUSH_TIMEOUT_ENV, self.spool.folder, "; ".join(u.line() for u in unsent),
+            )  # fmt: skip
+        else:
+            self.spool.remove_folder_if_empty()
+        return unsent
+
+    def _add(self, kind: str, what: str, body: dict, **file: str | None) -> None:
+        if self.spool.add(kind, what, body, **file):  # False: listed as missing, logged
+            self._wake.set()
+
+    def _drain(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            self._wake.clear()
+            entry = self.spool.oldest()
+            if entry is None:
+                if self._closing.is_set():
+                    return
+                self._wake.wait()
+                continue
+            try:
+                self._send(entry)
+            except Exception as error:  # noqa: BLE001 - logging must never stop training
+                failures += 1
+                if failures == 1:
+                    log.warning(
+                        "MLflow did not take %s (%s); it and every later logging call wait "
+                        "on disk in %s and are sent when MLflow answers again",
+                        entry.what, redact_text(str(error)), self.spool.folder,
+                    )  # fmt: skip
+                # A call that failed may still have reached MLflow: read its steps again.
+                self._logged_before.clear()
+                self._stop.wait(min(2.0 ** min(failures, 10), self._retry_max_s))
+                continue
+            if failures:
+                log.warning("MLflow answers again after %d failed tries: sending", failures)
+                failures = 0
+            self.spool.remove(entry)
+
+    def _send(self, entry: Entry) -> None:
+        run_id = self._logger.run.run_id
+        if entry.kind == "metrics":
+            batch = [Metric(k, v, ts, step) for k, v, ts, step in entry.body["points"]]
+            new = [m for m in batch if m.step > self._last_step_logged_before(m.key)]
+            if new:
+                self._logger.client.log_batch(run_id, metrics=new)
+            for m in new:
+                self._logged_before[m.key] = max(m.step, self._logged_before.get(m.key, -1))
+        elif entry.kind == "artifact":
+            assert entry.file is not None
+            self._logger.client.log_artifact(run_id, entry.file, entry.body["artifact_path"])
+        else:
+            self._logger.set_tags(entry.body["tags"])
 
     def _last_step_logged_before(self, key: str) -> int:
         if key not in self._logged_before:
@@ -150,20 +240,36 @@ class BackgroundMlflowLogger:
             self._logged_before[key] = max((m.step for m in history), default=-1)
         return self._logged_before[key]
 
-    def _drain(self) -> None:
-        while (call := self._queue.get()) is not None:
-            try:
-                call()
-            except Exception as error:  # noqa: BLE001 - logging must never stop training
-                log.warning("MLflow logging call failed and was dropped: %s", error)
+
+def spool_folder(checkpoint_root: str, run_id: str) -> Path:
+    """Where rank 0's logging calls wait: beside the run's checkpoints when they are in a
+    local folder (artifacts/runs/<run_id>/tracking-spool), else a local temporary folder
+    (an outage of MLflow should not depend on S3 being up). One subfolder per attempt: an
+    attempt that was restarted never shares its files with the next."""
+    attempt = uuid.uuid4().hex[:12]
+    if "://" not in checkpoint_root or checkpoint_root.startswith("file://"):
+        local = Path(checkpoint_root.removeprefix("file://")).parent
+    else:
+        local = Path(tempfile.gettempdir()) / "ddpflow-tracking-spool" / run_id
+    return local / "tracking-spool" / attempt
 
 
-def logger_for_rank(is_main: bool, run: RunRef) -> MetricLogger:
+def logger_for_rank(
+    is_main: bool, run: RunRef, spool_dir: str | Path | None = None
+) -> MetricLogger:
     """Rank-0 gating, declared once: rank 0 logs to MLflow, the others log nowhere."""
-    return BackgroundMlflowLogger(run) if is_main else NullLogger()
+    return BackgroundMlflowLogger(run, spool_dir) if is_main else NullLogger()
 
 
-def flush_logger(logger: MetricLogger, timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+def close_logger(logger: MetricLogger, heartbeat: Callable[[], None] | None = None) -> list[Unsent]:
+    """Flush a logger that buffers (bounded); what MLflow still lacks ([] for the others)."""
+    close = getattr(logger, "close", None)
+    if close is None:
+        return []
+    return close(heartbeat) if isinstance(logger, BackgroundMlflowLogger) else close() or []
+
+
+def flush_logger(logger: MetricLogger, timeout_s: float = CHECKPOINT_FLUSH_TIMEOUT_S) -> None:
     """Wait (bounded) until a buffering logger has sent what it holds; a no-op for the
     others. A slow or dead server costs at most `timeout_s`, with a warning."""
     flush = getattr(logger, "flush", None)
@@ -173,10 +279,3 @@ def flush_logger(logger: MetricLogger, timeout_s: float = FLUSH_TIMEOUT_S) -> No
             "written anyway, and the calls are still sent while training goes on",
             timeout_s,
         )
-
-
-def close_logger(logger: MetricLogger) -> None:
-    """Flush a logger that buffers (bounded); a no-op for the others."""
-    close = getattr(logger, "close", None)
-    if close is not None:
-        close()

@@ -11,7 +11,8 @@ import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.bounded import call_bounded
 
 # Re-exported (`X as X`): the loggers lived here before, and callers import them from here.
-from ddpflow.metric_loggers import FLUSH_TIMEOUT_S as FLUSH_TIMEOUT_S
+from ddpflow.metric_loggers import CHECKPOINT_FLUSH_TIMEOUT_S as CHECKPOINT_FLUSH_TIMEOUT_S
 from ddpflow.metric_loggers import BackgroundMlflowLogger as BackgroundMlflowLogger
 from ddpflow.metric_loggers import MetricLogger as MetricLogger
 from ddpflow.metric_loggers import MlflowLogger as MlflowLogger
@@ -34,9 +35,11 @@ from ddpflow.metric_loggers import RunRef as RunRef
 from ddpflow.metric_loggers import close_logger as close_logger
 from ddpflow.metric_loggers import flush_logger as flush_logger
 from ddpflow.metric_loggers import logger_for_rank as logger_for_rank
+from ddpflow.metric_loggers import spool_folder as spool_folder
 from ddpflow.mlflow_pytorch import mlflow_pytorch
 from ddpflow.redact import redact_text, redact_url
 from ddpflow.sqlite_store import prepare_sqlite_store
+from ddpflow.tracking_spool import Unsent
 
 log = logging.getLogger(__name__)
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
@@ -47,6 +50,8 @@ MAX_PARAM_LEN = 6000
 # MLflow's client retries a dead or failing server for about 5 minutes.
 END_RUN_TIMEOUT_S = 15.0
 PARENT_RUN_TAG = "mlflow.parentRunId"
+# On a run that lacks logging calls MLflow never took (ddpflow.tracking_spool).
+TRACKING_INCOMPLETE_TAG = "ddpflow.tracking_incomplete"
 
 
 def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
@@ -132,22 +137,61 @@ def register_pt2_model(
     return str(info.registered_model_version)
 
 
-def end_run(run: RunRef, failed: bool = False, timeout_s: float = END_RUN_TIMEOUT_S) -> None:
+@contextmanager
+def failed_on_error(run: RunRef) -> Iterator[RunRef]:
+    """The run's lifecycle around the work done in it: an error (or an interrupt) marks it
+    FAILED on the way out, bounded, and comes through unchanged. Ending it after success is
+    the caller's, who knows what to say (FINISHED, FAILED with no trial done, incomplete)."""
+    try:
+        yield run
+    except BaseException:
+        end_run(run, failed=True)
+        raise
+
+
+def end_run(
+    run: RunRef,
+    failed: bool = False,
+    timeout_s: float = END_RUN_TIMEOUT_S,
+    unsent: Sequence[Unsent] = (),
+) -> None:
     """Mark the run FINISHED or FAILED, waiting at most `timeout_s` for MLflow.
+
+    With `unsent` (logging calls MLflow never took) the run first gets the tag
+    `ddpflow.tracking_incomplete`, so a reader of the run sees that it lacks something.
 
     A run is marked FAILED on the way out of an error the caller re-raises, so that never
     raises: with MLflow down it logs a warning and the original error comes through. A run
-    that finished but cannot be marked so raises (TimeoutError or MLflow's error).
+    that finished but cannot be marked so raises (TimeoutError or MLflow's error): it stays
+    RUNNING in MLflow.
     """
     status = "FAILED" if failed else "FINISHED"
     client = MlflowClient(run.tracking_uri)
     what = f"marking MLflow run {run.run_id} {status} at {redact_url(run.tracking_uri)}"
+
+    def mark() -> None:
+        if unsent:
+            client.set_tag(run.run_id, TRACKING_INCOMPLETE_TAG, incomplete_note(unsent))
+        client.set_terminated(run.run_id, status)
+
     try:
-        call_bounded(lambda: client.set_terminated(run.run_id, status), timeout_s, what)
+        call_bounded(mark, timeout_s, what)
     except Exception as error:
         if not failed:
             raise
         log.warning("%s failed, the run stays RUNNING: %s", what, redact_text(str(error)))
+
+
+def incomplete_note(unsent: Sequence[Unsent]) -> str:
+    """The tag's value: how many calls are missing and where they wait."""
+    paths = [u.path for u in unsent if u.path]
+    reasons = sorted({u.not_kept_because for u in unsent if not u.path})
+    note = f"{len(unsent)} logging calls are not in this run"
+    if reasons:
+        note += f" ({len(unsent) - len(paths)} not kept: {'; '.join(reasons)})"
+    if paths:
+        note += f"; the others wait on disk under {os.path.commonpath(paths)}"
+    return note[:MAX_PARAM_LEN]
 
 
 def metric_history(run: RunRef, key: str) -> list[tuple[int, float]]:

@@ -18,13 +18,28 @@ from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking import (
+    RunRef,
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    start_run,
+)
+from ddpflow.tracking_spool import Unsent
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import CharLMParams
 from flows.preflight import run_preflight
 from flows.summary import mlflow_ui_hint
-from tasks.charlm import download_corpus, evaluate, format_training_data, register, train_ddp
+from tasks.charlm import (
+    INCOMPLETE_KEY,
+    download_corpus,
+    evaluate,
+    format_training_data,
+    register,
+    train_ddp,
+)
 from tasks.inspection import describe_datasets
+from tasks.tracking_report import tracking_line
 
 WORKLOAD = "charlm"
 
@@ -39,6 +54,8 @@ class CharLMSummary:
     checkpoint_dir: str
     model_version: str
     world_size: int
+    # Logging calls MLflow never took (ddpflow.tracking_spool); the run is tagged with them.
+    unsent: tuple[Unsent, ...] = ()
 
     def render(self, settings: Settings, experiment_id: str | None = None) -> str:
         return "\n".join(
@@ -53,6 +70,7 @@ class CharLMSummary:
                 f"  checkpoints        {self.checkpoint_dir}",
                 f"  latest checkpoint  {self.checkpoint_uri}",
                 f"  registered model   version {self.model_version}",
+                f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
                 f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
                 "",
             ]
@@ -71,12 +89,9 @@ def run_charlm_pipeline(
     run = start_charlm_run(params, settings, raw.sha256, corpus, datasets, len(ranks), tags)
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
+    with failed_on_error(run):
         summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
-    end_run(run)
+    end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
     return summary, run, corpus
 
@@ -198,4 +213,5 @@ def _train_evaluate_register(
         checkpoint_dir=checkpoint_dir,
         model_version=version,
         world_size=world_size,
+        unsent=trained.unsent,
     )

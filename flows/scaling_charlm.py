@@ -16,7 +16,7 @@ from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target
-from ddpflow.tracking import RunRef, end_run
+from ddpflow.tracking import RunRef, failed_on_error
 from ddpflow.train_loop import EpochStats
 from flows.charlm_pipeline import charlm_job, corpus_datasets, prepare_corpus, start_charlm_run
 from flows.cli import run_cli
@@ -101,14 +101,11 @@ def scaling_charlm(
         # A restart relaunches at the same size (min_workers defaults to the world size).
         return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
 
-    try:
+    with failed_on_error(parent):
         results = run_sizes(sizes, start_child, train)
         summary = report(
             parent, results, Target("val_loss", scaling.target_loss), "charlm", TABLE_KEY
         )
-    except BaseException:
-        end_run(parent, failed=True)
-        raise
     return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
 
 

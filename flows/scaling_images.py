@@ -15,7 +15,7 @@ from ddpflow import storage
 from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target
-from ddpflow.tracking import RunRef, end_run
+from ddpflow.tracking import RunRef, failed_on_error
 from ddpflow.train_loop import EpochStats
 from flows.cli import run_cli
 from flows.inspection import tag_flow_run
@@ -103,12 +103,9 @@ def scaling_images(
         return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
 
     target = Target("val_accuracy", scaling.target_accuracy, higher_is_better=True)
-    try:
+    with failed_on_error(parent):
         results = run_sizes(sizes, start_child, train)
         summary = report(parent, results, target, "images", TABLE_KEY)
-    except BaseException:
-        end_run(parent, failed=True)
-        raise
     return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
 
 

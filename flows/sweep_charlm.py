@@ -31,7 +31,13 @@ from ddpflow.sweep import (
     run_trial,
 )
 from ddpflow.sweep.report import best, log_to_parent, plots, table_rows
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking import (
+    RunRef,
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    start_run,
+)
 from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
@@ -80,12 +86,9 @@ def sweep_charlm(
     run_preflight(settings, params.ranks_per_trial)
     setup = _start_sweep(params, settings, specs)
     parent = setup.parent
-    try:
+    with failed_on_error(parent):
         outcomes = _run_trials(specs, setup, workers, params)
         summary = _compare_and_register(outcomes, parent, params, setup.corpus.val_uri)
-    except BaseException:
-        end_run(parent, failed=True)
-        raise
     end_run(parent, failed=summary.num_completed == 0)
     if summary.best_run_id is not None:
         best_run = RunRef(parent.tracking_uri, summary.best_run_id)

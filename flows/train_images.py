@@ -14,7 +14,14 @@ from ddpflow import storage
 from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, start_run
+from ddpflow.tracking import (
+    RunRef,
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    start_run,
+)
+from ddpflow.tracking_spool import Unsent
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob
@@ -26,6 +33,7 @@ from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from tasks.images import (
+    INCOMPLETE_KEY,
     evaluate,
     format_images,
     prepare_digits,
@@ -34,6 +42,7 @@ from tasks.images import (
     train_ddp,
 )
 from tasks.inspection import describe_datasets
+from tasks.tracking_report import tracking_line
 
 WORKLOAD = "images"
 
@@ -50,6 +59,8 @@ class ImageSummary:
     report_dir: str
     model_version: str
     world_size: int
+    # Logging calls MLflow never took (ddpflow.tracking_spool); the run is tagged with them.
+    unsent: tuple[Unsent, ...] = ()
 
     def render(self, settings: Settings) -> str:
         return "\n".join(
@@ -65,6 +76,7 @@ class ImageSummary:
                 f"  latest checkpoint  {self.checkpoint_uri}",
                 f"  reports            {self.report_dir} (confusion matrix CSV/PNG)",
                 f"  registered model   version {self.model_version}",
+                f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
                 f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
                 "",
             ]
@@ -106,12 +118,9 @@ def train_images(
     run = start_images_run(params, settings, source, data, len(ranks))
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
-    try:
+    with failed_on_error(run):
         summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
-    except BaseException:
-        end_run(run, failed=True)
-        raise
-    end_run(run)
+    end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
     print(summary.render(settings))
     return summary
@@ -272,6 +281,7 @@ def _train_evaluate_register(
         report_dir=report_dir,
         model_version=version,
         world_size=world_size,
+        unsent=trained.unsent,
     )
 
 

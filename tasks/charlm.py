@@ -19,6 +19,9 @@ from ddpflow.inspection import describe_version
 from ddpflow.tracking import RunRef
 from tasks.restarts import train_with_restarts
 
+# The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
+INCOMPLETE_KEY = "charlm-tracking-incomplete"
+
 
 @task(name="download-corpus")
 def download_corpus(source: str, artifact_root: str) -> SourceCopy:
@@ -56,6 +59,7 @@ def train_ddp(
         max_restarts,
         min_workers,
         progress_key="charlm-progress",
+        incomplete_key=INCOMPLETE_KEY,
     )
 
 

@@ -25,6 +25,9 @@ from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB
 from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
 from tasks.restarts import train_with_restarts
 
+# The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
+INCOMPLETE_KEY = "images-tracking-incomplete"
+
 
 @task(name="prepare-digits")
 def prepare_digits(root: str) -> DigitsFolder:
@@ -86,6 +89,7 @@ def train_ddp(
         rank_timeout_s,
         max_restarts,
         progress_key="images-progress",
+        incomplete_key=INCOMPLETE_KEY,
     )
 
 

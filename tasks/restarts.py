@@ -14,6 +14,7 @@ from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
 from tasks.flow_client import current_dask_client
 from tasks.progress_artifact import training_progress
+from tasks.tracking_report import publish_unsent
 
 
 def train_with_restarts(
@@ -26,13 +27,15 @@ def train_with_restarts(
     max_restarts: int,
     min_workers: int | None = None,
     progress_key: str = "training-progress",
+    incomplete_key: str = "tracking-incomplete",
 ) -> Any:
     """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
 
     Runs in the flow process (the caller is a task called directly, not submitted), so no
     task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
     run, and all of them are listed in a Prefect artifact. The progress over all attempts is
-    the Prefect progress artifact `progress_key`.
+    the Prefect progress artifact `progress_key`. Logging calls rank 0 could not get into
+    MLflow (its `unsent`) are listed in the Prefect artifact `incomplete_key`.
     """
     settings = Settings.from_env()
     client = current_dask_client()
@@ -56,6 +59,9 @@ def train_with_restarts(
             key=artifact_key,
             description="DDP group restarts",
         )
+    unsent = getattr(results[0], "unsent", ())
+    if unsent:
+        publish_unsent(run, unsent, incomplete_key)
     return results[0]
 
 

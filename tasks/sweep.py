@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from ddpflow.charlm.training import TrainResult
+from ddpflow.charlm.training import CharLMTrainJob, TrainResult
 from ddpflow.config import Settings
 from ddpflow.distributed import launch
-from ddpflow.sweep import TrialJob, trial_rank
+from ddpflow.sweep import trial_rank
 from tasks.flow_client import current_dask_client
 from tasks.progress_artifact import training_progress
 
@@ -16,7 +16,7 @@ TABLE_KEY = "charlm-sweep"
 
 @task(name="train-trial", task_run_name="train-trial-{index}")
 def train_trial(
-    index: int, job: TrialJob, workers: list[str], rank_timeout_s: float
+    index: int, job: CharLMTrainJob, workers: list[str], rank_timeout_s: float
 ) -> TrainResult:
     """One trial's DDP group on its own workers.
 
@@ -25,7 +25,7 @@ def train_trial(
     """
     client = current_dask_client()
     key = f"charlm-trial-{index}-progress"
-    with training_progress(client, job.train.run.run_id, key, f"trial {index}"):
+    with training_progress(client, job.run.run_id, key, f"trial {index}"):
         results = launch(
             client,
             trial_rank,

@@ -46,6 +46,7 @@ HEAVY_FIRST = [
     "test_sweep_flow",
     "test_train_charlm_flow",
     "test_images_flow",
+    "test_tracking_outage",  # ~330 s, mostly an outage's waiting: never at the tail
     "slurm",
     "test_external_cluster",
     "test_bad_inputs_cli",

@@ -12,13 +12,13 @@ from mlflow.tracking import MlflowClient
 from ddpflow import storage
 from ddpflow.charlm.data import FormattedCorpus, load_windows
 from ddpflow.charlm.formatting import split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig, LogitsOnly
+from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.sampling import generate_names
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext
-from ddpflow.registry import tag_checkpoint
-from ddpflow.tracking import RunRef, register_pt2_model
+from ddpflow.serving import register_checkpoint_model
+from ddpflow.tracking import RunRef
 from ddpflow.train_loop import evaluate_loss
 
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
@@ -91,13 +91,12 @@ def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> st
     scores, so it never has to load (and run) what the registry holds.
     """
     model, _ = load_model(checkpoint_uri)
-    version = register_pt2_model(
+    return register_checkpoint_model(
         run,
-        LogitsOnly(model).eval(),
+        model,
         np.zeros((2, CONTEXT_LEN), dtype=np.int64),
         registered_name,
+        checkpoint_uri,
         # torch.export notes that nn.LSTM re-assigns its flat weights; harmless for serving.
         quiet_warnings=[{"message": ".*were assigned during export.*"}],
     )
-    tag_checkpoint(MlflowClient(run.tracking_uri), registered_name, version, checkpoint_uri)
-    return version

@@ -58,14 +58,3 @@ class CharLSTM(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.transpose(1, 2), targets.long())
         return logits, loss
-
-
-class LogitsOnly(nn.Module):
-    """forward(x) -> logits: the signature a logged MLflow model serves."""
-
-    def __init__(self, model: CharLSTM):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)[0]

@@ -13,7 +13,8 @@ from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
 from ddpflow.system_metrics import rank_system_metrics
-from ddpflow.tracking import RunRef, close_logger, logger_for_rank
+from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
+from ddpflow.tracking_spool import Unsent
 from ddpflow.train_loop import EpochStats, FitPlan, fit
 from ddpflow.training_progress import progress_topic
 
@@ -40,6 +41,8 @@ class TrainResult:
     rank: int
     history: list[EpochStats]
     latest_checkpoint: str | None
+    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
+    unsent: tuple[Unsent, ...] = ()
 
 
 def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
@@ -57,7 +60,9 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
-    logger = logger_for_rank(ctx.is_main, job.run)
+    logger = logger_for_rank(
+        ctx.is_main, job.run, spool_folder(job.checkpoint_root, job.run.run_id)
+    )
 
     def save_checkpoint(epoch: int) -> None:
         state = build_state(
@@ -96,6 +101,9 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 progress_topic=progress_topic(job.run.run_id),
             ),
         )
-    close_logger(logger)  # everything logged is in MLflow before the flow reads it
+    # Everything logged is in MLflow before the flow reads it, or listed in `unsent`.
+    unsent = close_logger(logger, ctx.heartbeat)
     latest = store.latest_uri() if ctx.is_main else None
-    return TrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
+    return TrainResult(
+        rank=ctx.rank, history=history, latest_checkpoint=latest, unsent=tuple(unsent)
+    )

@@ -2,7 +2,7 @@
 
 config   trial configs, grid expansion, per-trial validation naming the field
 slots    which workers a trial holds; a queue that never runs more than the cluster holds
-trial    the rank function of a trial (training + elapsed seconds + fault injection)
+trial    the rank function of a trial (training + elapsed seconds)
 execute  a trial's child MLflow run and outcome
 plots    loss vs epoch / elapsed seconds, one panel per trial
 report   ranking, table rows, what goes into the parent run
@@ -11,13 +11,12 @@ report   ranking, table rows, what goes into the parent run
 from ddpflow.sweep.config import SweepConfigError, TrialConfig, TrialSpec, build_trials
 from ddpflow.sweep.execute import SweepSetup, TrialOutcome, reject_trial, run_trial
 from ddpflow.sweep.slots import WorkerSlots, run_queued
-from ddpflow.sweep.trial import TrialJob, trial_rank
+from ddpflow.sweep.trial import trial_rank
 
 __all__ = [
     "SweepConfigError",
     "SweepSetup",
     "TrialConfig",
-    "TrialJob",
     "TrialOutcome",
     "TrialSpec",
     "WorkerSlots",

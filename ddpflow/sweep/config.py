@@ -23,8 +23,7 @@ class SweepConfigError(ValueError):
 
 @dataclass(frozen=True)
 class TrialConfig:
-    """One model to train. `fail_after_epochs` is a fault-injection knob for tests: the
-    trial's ranks raise after that many epochs, i.e. the trial crashes mid-training."""
+    """One model to train: the fields a trial may set (the rest come from the sweep)."""
 
     batch_size: int
     lr: float
@@ -33,14 +32,12 @@ class TrialConfig:
     dropout: float
     epochs: int
     seed: int
-    fail_after_epochs: int | None = None
 
     def label(self) -> str:
         return f"bs={self.batch_size} lr={self.lr:g} h={self.hidden_size}x{self.num_layers}"
 
 
 TRIAL_FIELDS = tuple(f.name for f in fields(TrialConfig))
-OPTIONAL_FIELDS = frozenset({"fail_after_epochs"})
 
 Check = tuple[Callable[[Any], bool], str]
 _RULES: dict[str, tuple[type, list[Check]]] = {
@@ -54,7 +51,6 @@ _RULES: dict[str, tuple[type, list[Check]]] = {
         int,
         [(lambda v: v >= 0, "must be >= 0"), (lambda v: v <= MAX_SEED, f"must be <= {MAX_SEED}")],
     ),
-    "fail_after_epochs": (int, [(lambda v: v >= 1, "must be >= 1")]),
 }
 
 
@@ -105,18 +101,11 @@ def validate_trial(index: int, values: Mapping[str, Any]) -> TrialSpec:
     for name in TRIAL_FIELDS:
         value = values.get(name)
         if value is None:
-            if name not in OPTIONAL_FIELDS:
-                errors.append(f"{prefix}.{name}: missing")
+            errors.append(f"{prefix}.{name}: missing")
             continue
         checked[name], error = _check_field(prefix, name, value)
         if error:
             errors.append(error)
-    fail_after, epochs = checked.get("fail_after_epochs"), checked.get("epochs")
-    if fail_after is not None and epochs is not None and fail_after >= epochs:
-        errors.append(
-            f"{prefix}.fail_after_epochs={fail_after}: must be < epochs ({epochs}) so the "
-            "trial crashes mid-training"
-        )
     config = None if errors else TrialConfig(**checked)
     return TrialSpec(index, dict(values), config, tuple(errors))
 

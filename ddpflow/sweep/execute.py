@@ -18,7 +18,7 @@ from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob, TrainResult
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.sweep.config import TRIAL_FIELDS, TrialConfig, TrialSpec
-from ddpflow.sweep.trial import TrialJob, elapsed_by_epoch
+from ddpflow.sweep.trial import elapsed_by_epoch
 from ddpflow.tracking import MlflowLogger, RunRef, end_run, metric_history, start_run
 from ddpflow.train_loop import EpochStats
 
@@ -28,7 +28,7 @@ WORKERS_TAG = "ddpflow.workers"  # the Dask workers a trial trained on
 MAX_TAG_LEN = 5000
 # The metrics fit() logs per epoch, in EpochStats' field order after `epoch`.
 _EPOCH_METRICS = ("epoch_train_loss", "val_loss", "epoch_samples_per_s", "epoch_time_s")
-TrainFn = Callable[[TrialJob, list[str]], TrainResult]
+TrainFn = Callable[[CharLMTrainJob, list[str]], TrainResult]
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,8 @@ def reject_trial(spec: TrialSpec, setup: SweepSetup) -> TrialOutcome:
     return TrialOutcome(spec, run.run_id, completed=False, error=error)
 
 
-def trial_job(config: TrialConfig, setup: SweepSetup, run: RunRef) -> TrialJob:
-    train = CharLMTrainJob(
+def trial_job(config: TrialConfig, setup: SweepSetup, run: RunRef) -> CharLMTrainJob:
+    return CharLMTrainJob(
         train_uri=setup.corpus.train_uri,
         val_uri=setup.corpus.val_uri,
         model=CharLSTMConfig(
@@ -122,7 +122,6 @@ def trial_job(config: TrialConfig, setup: SweepSetup, run: RunRef) -> TrialJob:
         keep_last=setup.keep_last,
         run=run,
     )
-    return TrialJob(train, fail_after_epochs=config.fail_after_epochs)
 
 
 def partial_history(run: RunRef) -> list[EpochStats]:

@@ -51,7 +51,7 @@ def table_rows(outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
                 "trial": outcome.spec.index,
                 "status": outcome.status,
                 # Failed trials show what was given (e.g. lr=-1), not a corrected value.
-                **{k: values.get(k) for k in TRIAL_FIELDS if k != "fail_after_epochs"},
+                **{k: values.get(k) for k in TRIAL_FIELDS},
                 "val_loss": _round(outcome.final_val_loss, 4),
                 "elapsed_s": _round(outcome.elapsed_s, 1),
                 "run_id": outcome.run_id,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
@@ -18,18 +17,6 @@ ELAPSED_METRIC = "elapsed_s"
 FINAL_VAL_LOSS_METRIC = "final_val_loss"
 
 
-class InjectedFault(RuntimeError):
-    """Raised on purpose by a trial with `fail_after_epochs` (tests of failure handling)."""
-
-
-@dataclass(frozen=True)
-class TrialJob:
-    """A training job plus the sweep-only fault-injection knob; crosses to every rank."""
-
-    train: CharLMTrainJob
-    fail_after_epochs: int | None = None
-
-
 def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
     """(epoch, training seconds since the trial started): the tutorial's `elapsed_time_sec`.
 
@@ -40,27 +27,18 @@ def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
     return [(s.epoch, total) for s, total in zip(history, totals, strict=True)]
 
 
-def trial_rank(ctx: RankContext, job: TrialJob) -> TrainResult:
+def trial_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
-    train_job = job.train
-    if job.fail_after_epochs is not None:
-        train_job = replace(train_job, epochs=job.fail_after_epochs)
-    result = train_rank(ctx, train_job)
+    result = train_rank(ctx, job)
     if ctx.is_main:
-        _log_trial_metrics(train_job, result.history, final=job.fail_after_epochs is None)
-    if job.fail_after_epochs is not None:
-        # Every rank raises, as a crashed trial would; its partial metrics stay in MLflow.
-        raise InjectedFault(
-            f"injected fault after epoch {job.fail_after_epochs} of {job.train.epochs} "
-            f"(fail_after_epochs={job.fail_after_epochs})"
-        )
+        _log_trial_metrics(job, result.history)
     return result
 
 
-def _log_trial_metrics(job: CharLMTrainJob, history: Sequence[EpochStats], final: bool) -> None:
+def _log_trial_metrics(job: CharLMTrainJob, history: Sequence[EpochStats]) -> None:
     now_ms = int(time.time() * 1000)
     metrics = [Metric(ELAPSED_METRIC, s, now_ms, epoch) for epoch, s in elapsed_by_epoch(history)]
-    if final and history:
+    if history:
         # The last epoch's holdout loss (full holdout, eval mode): what trials are ranked by.
         last = history[-1]
         metrics.append(Metric(FINAL_VAL_LOSS_METRIC, last.val_loss, now_ms, last.epoch))

@@ -14,10 +14,11 @@ from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
 from ddpflow.checkpoint import CheckpointStore
-from ddpflow.tracking import RunRef, register_pt2_model
+from ddpflow.serving import register_checkpoint_model
+from ddpflow.tracking import RunRef
 from ddpflow.vision.data import load_split
 from ddpflow.vision.metrics import confusion_matrix, predict
-from ddpflow.vision.model import ImageClassifier, ImageModelConfig, LogitsOnly, build_resnet
+from ddpflow.vision.model import ImageClassifier, ImageModelConfig, build_resnet
 from ddpflow.vision.reports import confusion_csv, confusion_png, per_class_json, per_class_report
 
 REPORT_FILES = ("confusion_matrix.csv", "confusion_matrix.png", "per_class_accuracy.json")
@@ -131,13 +132,15 @@ def _percent(value: float | int | None) -> str:
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
     """Register the checkpoint's model; it takes uint8 images [N, 3, S, S] (the formatted
-    layout) and returns logits."""
+    layout) and returns logits. The version is tagged with its checkpoint, which is what
+    champion/challenger scoring loads."""
     model, config, _ = load_model(checkpoint_uri)
     size = config.image_size
-    return register_pt2_model(
+    return register_checkpoint_model(
         run,
-        LogitsOnly(model).eval(),
+        model,
         np.zeros((2, 3, size, size), dtype=np.uint8),
         registered_name,
+        checkpoint_uri,
         quiet_warnings=[{"category": UserWarning, "module": "torch"}],
     )

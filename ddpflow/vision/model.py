@@ -77,16 +77,6 @@ class ImageClassifier(nn.Module):
         return self
 
 
-class LogitsOnly(nn.Module):
-    """forward(x) -> logits: the signature a logged MLflow model serves."""
-
-    def __init__(self, model: ImageClassifier):
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(x)[0]
-
 
 def build_resnet(
     arch: str, num_classes: int, weights: str = "none", freeze_backbone: bool = False

@@ -15,7 +15,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
 from ddpflow.distributed.context import RankContext
 from ddpflow.system_metrics import rank_system_metrics
-from ddpflow.tracking import RunRef, close_logger, logger_for_rank
+from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
+from ddpflow.tracking_spool import Unsent
 from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
 from ddpflow.training_progress import progress_topic
 from ddpflow.vision.data import ImageSplit, load_split
@@ -56,6 +57,8 @@ class ImageTrainResult:
     rank: int
     history: list[EpochStats]
     latest_checkpoint: str | None
+    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
+    unsent: tuple[Unsent, ...] = ()
 
 
 def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
@@ -97,7 +100,9 @@ def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
 def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
-    logger = logger_for_rank(ctx.is_main, job.run)
+    logger = logger_for_rank(
+        ctx.is_main, job.run, spool_folder(job.checkpoint_root, job.run.run_id)
+    )
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
     # After a restart: continue from the latest complete checkpoint (scheduler included).
     start_epoch = resume(store, built.model, optimizer)
@@ -142,9 +147,12 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
             plan,
             hooks,
         )
-    close_logger(logger)  # everything logged is in MLflow before the flow reads it
+    # Everything logged is in MLflow before the flow reads it, or listed in `unsent`.
+    unsent = close_logger(logger, ctx.heartbeat)
     latest = store.latest_uri() if ctx.is_main else None
-    return ImageTrainResult(rank=ctx.rank, history=history, latest_checkpoint=latest)
+    return ImageTrainResult(
+        rank=ctx.rank, history=history, latest_checkpoint=latest, unsent=tuple(unsent)
+    )
 
 
 def _evaluate(model: nn.Module, split: ImageSplit, ctx: RankContext, batch_size: int) -> dict:

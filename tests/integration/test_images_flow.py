@@ -160,6 +160,8 @@ def test_inputs_system_metrics_and_version_tags_are_recorded(trained, moto):
         version.tags["metric.final_val_accuracy"] == f"{run.data.metrics['final_val_accuracy']:.4f}"
     )
     assert inputs["training"].digest in version.description
+    # Like the pet-name model's: the version names the checkpoint it was registered from.
+    assert version.tags["ddpflow.checkpoint_uri"] == run.data.tags["ddpflow.latest_checkpoint"]
 
 
 def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained, moto):

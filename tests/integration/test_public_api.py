@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 
 import ddpflow
 from ddpflow.checkpoint import CheckpointStore
+from ddpflow.tracking import TRACKING_INCOMPLETE_TAG
 from examples import digits
 from tests.integration import api_train_functions as functions
 
@@ -143,3 +144,32 @@ def test_resume_with_other_names_than_saved_names_the_mismatch(dask_client, refe
     assert "['model', 'optimizer', 'scheduler']" in message, message
     assert isinstance(raised.value, ddpflow.RepeatedFailure), "not restarted twice in vain"
     assert time.monotonic() - started < 60
+
+
+# docs/api.md "Tracking": what MLflow never got is said on the run. A spool of 10 bytes on
+# the workers refuses all three logging calls; ddpflow.run still returns, and the run ends
+# FINISHED with the tag that counts what it lacks.
+def test_a_run_that_lacks_logging_calls_is_tagged_incomplete(dask_client, tmp_path):
+    def set_spool_bound(value: str | None) -> None:
+        if value is None:
+            os.environ.pop("DDPFLOW_TRACKING_SPOOL_MB", None)
+        else:
+            os.environ["DDPFLOW_TRACKING_SPOOL_MB"] = value
+
+    dask_client.run(set_spool_bound, "0.00001")
+    try:
+        result = ddpflow.run(
+            dask_client,
+            functions.logs_three_points,
+            tracking_uri=tracking(tmp_path),
+            experiment="incomplete",
+        )
+    finally:
+        dask_client.run(set_spool_bound, None)
+    assert result == "trained"
+    client, run = the_run(tmp_path, "incomplete")
+    assert run.info.status == "FINISHED"
+    assert client.get_metric_history(run.info.run_id, "x") == []
+    assert run.data.tags[TRACKING_INCOMPLETE_TAG].startswith(
+        "3 logging calls are not in this run (3 not kept: the spool was full)"
+    )

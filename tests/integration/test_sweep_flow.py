@@ -16,13 +16,14 @@ from mlflow.tracking import MlflowClient
 
 from tests.integration.charlm_runs import small_corpus
 from tests.integration.conftest import prefect_cli, prefect_records, project_env, run_flow
+from tests.integration.trial_faults import FAULTY_LR, PRELOAD_ENV
 
 pytestmark = pytest.mark.integration
 
 EXPERIMENT = "sweep-test"
 MODEL = "sweep-test-model"
 TRIALS = [
-    {"fail_after_epochs": 1},  # crashes after its first epoch, while trial 1 still trains
+    {"lr": FAULTY_LR},  # crashes after its first epoch (trial_faults), while trial 1 trains
     {"lr": 0.01, "hidden_size": 32},
     {"lr": 0.002},
     {"lr": 0.005, "batch_size": 4096},
@@ -55,7 +56,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("sweep")
-    result = run_flow("sweep_charlm", ARGS, project)
+    result = run_flow("sweep_charlm", ARGS, project, env=PRELOAD_ENV)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -201,11 +202,11 @@ def test_ranking_is_a_prefect_table_artifact(swept) -> None:
 
 def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) -> None:
     # docs/sweeps.md "Failures stay local": the sweep fails only if no trial completes.
-    trials = json.dumps([{"fail_after_epochs": 1, "epochs": 1}, {"lr": -1}])
-    # One worker: the two trials take turns, the crash ends after one epoch.
-    result = run_flow(
-        "sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path, env={"DDPFLOW_DASK_WORKERS": "1"}
-    )
+    trials = json.dumps([{"lr": FAULTY_LR}, {"lr": -1}])
+    # One worker: the two trials take turns; the first crashes after one epoch, the second
+    # is invalid.
+    env = {"DDPFLOW_DASK_WORKERS": "1", **PRELOAD_ENV}
+    result = run_flow("sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path, env=env)
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
     assert "no trial completed" in result.stderr
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -252,7 +253,7 @@ def test_trials_show_their_progress_datasets_and_the_sweep_links(swept) -> None:
         assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
         inputs = swept["children"][trial].inputs.dataset_inputs
         assert {i.dataset.digest for i in inputs} and len(inputs) == 2
-    crashed = artifacts[f"charlm-trial-{CRASHED}-progress"]  # fail_after_epochs=1
+    crashed = artifacts[f"charlm-trial-{CRASHED}-progress"]  # crashes after epoch 1
     assert crashed["description"].startswith(f"trial {CRASHED}: failed at epoch 1"), crashed
     best = swept["parents"][0].data.tags["ddpflow.best_run_id"]
     assert best in artifacts["charlm-sweep-mlflow"]["data"]

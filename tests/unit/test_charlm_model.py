@@ -6,9 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig, LogitsOnly
+from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.sampling import MAX_NAME_LEN, generate_names
 from ddpflow.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE
+from ddpflow.serving import LogitsOnly
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -94,3 +94,25 @@ def test_a_finished_run_that_cannot_be_marked_raises_within_the_bound(answers_50
     error = _within(BOUND_S + 8, lambda: end_run(run, timeout_s=BOUND_S))
     assert isinstance(error, TimeoutError) and f"did not finish within {BOUND_S:g}s" in str(error)
     assert answers_503 in str(error), "names the server"
+
+
+@pytest.mark.parametrize("error", [ValueError("bad batch"), KeyboardInterrupt()])
+def test_an_error_inside_failed_on_error_marks_the_run_failed_and_comes_through(
+    tmp_path, error
+):
+    """The one run lifecycle every flow and ddpflow.run use: an error (or an interrupt) in
+    the work marks the run FAILED, and the caller sees the original error unchanged."""
+    from mlflow.tracking import MlflowClient
+
+    from ddpflow.tracking import failed_on_error, start_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    run = start_run(uri, "lifecycle", "r", {}, {})
+    with pytest.raises(type(error)) as raised, failed_on_error(run):
+        raise error
+    assert raised.value is error
+    assert MlflowClient(uri).get_run(run.run_id).info.status == "FAILED"
+    ok = start_run(uri, "lifecycle", "ok", {}, {})
+    with failed_on_error(ok):
+        pass
+    assert MlflowClient(uri).get_run(ok.run_id).info.status == "RUNNING", "ending is the caller's"

@@ -137,3 +137,38 @@ def test_tracking_options_must_make_sense():
         assert "hunter2" not in str(error), "the password never reaches a message"
     with pytest.raises(ValueError, match="seed=-1 must be an int"):
         check_seed(-1)
+
+
+def never_called(ctx) -> None:
+    raise AssertionError("bad input must stop ddpflow.run before any rank starts")
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"max_restarts": -1}, "max_restarts=-1 must be an int >= 0"),
+        ({"keep_last": 0}, "keep_last=0 must be an int >= 1"),
+        ({"timeout_s": 0}, "timeout_s=0 must be a number of seconds > 0"),
+        ({"seed": -1}, "seed=-1 must be an int from 0 to"),
+        ({"world_size": 0}, "world_size=0 must be an int >= 1"),
+    ],
+)
+def test_bad_run_options_fail_before_any_work(tmp_path: Path, option, message):
+    """ddpflow.run itself, on an in-process Dask cluster of one worker thread: the error
+    names the option, no rank runs and no MLflow store is created."""
+    from distributed import Client, LocalCluster
+
+    store = tmp_path / "mlflow.db"
+    with (
+        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        Client(cluster) as client,
+        pytest.raises(ValueError, match=message),
+    ):
+        ddpflow.run(
+            client,
+            never_called,
+            tracking_uri=f"sqlite:///{store}",
+            experiment="bad-input",
+            **option,
+        )
+    assert not store.exists(), "no MLflow run is created for a call that fails its checks"

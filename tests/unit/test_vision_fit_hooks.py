@@ -32,7 +32,9 @@ class Recorder:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.metrics.append((step, dict(metrics)))
 
-    def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+    def log_artifact(
+        self, local_path: str, artifact_path: str | None = None, origin: str | None = None
+    ) -> None:
         self.events.append(f"artifact {artifact_path}")
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -100,7 +102,7 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monk
         str(tmp_path / "f"), str(tmp_path / "art"), ImageSpec(16), 0.34, 0, 0.0
     )
     logger = Recorder()
-    monkeypatch.setattr(training, "logger_for_rank", lambda is_main, run: logger)
+    monkeypatch.setattr(training, "logger_for_rank", lambda is_main, run, spool: logger)
     config = ImageModelConfig("resnet18", 2, 16, ("0", "1"))
     root = str(tmp_path / "ckpt")
     job = ImageTrainJob(
