@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,12 +22,20 @@ import torch
 from torch import nn
 
 from ddpflow import storage
+from ddpflow.config import STORE_OUTAGE_ENV, store_outage_s
+from ddpflow.distributed import watchdog
+from ddpflow.redact import redact_text
+from ddpflow.retry import retry_for
 from ddpflow.speed import TrainSpeed
 from ddpflow.tracking import MetricLogger
 
 FORMAT_VERSION = 1
 LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
 POINTER_NAME = "latest.json"
+# Rank 0 gives up this long before the other ranks' wait for it would time out, so the run
+# fails with the store named rather than with a rank declared hung.
+PEER_MARGIN_S = 15.0
+log = logging.getLogger(__name__)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -78,12 +89,22 @@ class CheckpointStore:
         return self.save_encoded(int(state["epoch"]), encode(state))
 
     def save_encoded(self, epoch: int, data: bytes) -> str:
-        """Write the checkpoint, then move the pointer to it, then prune old ones."""
+        """Write the checkpoint, then move the pointer to it, then prune old ones.
+
+        An unreachable store is waited out: each write is retried with backoff, both within
+        one window of store_outage_s() seconds. The pointer moves only once the checkpoint
+        is complete, so during an outage, and after one that outlasts the window (the run
+        fails, naming the setting), `latest` still names the previous complete checkpoint.
+        """
         uri = self.uri_for(epoch)
-        storage.write_bytes(uri, data)
+        write = _outage_tolerant_writer()
+        write(uri, data)
         pointer = {"uri": uri, "epoch": epoch}
-        storage.write_bytes(storage.join(self.root, POINTER_NAME), json.dumps(pointer).encode())
-        self._prune()
+        write(storage.join(self.root, POINTER_NAME), json.dumps(pointer).encode())
+        try:
+            self._prune()
+        except Exception as error:  # noqa: BLE001 - the checkpoint is saved; prune next time
+            log.warning("could not prune old checkpoints: %s", redact_text(str(error)))
         return uri
 
     def latest_uri(self) -> str | None:
@@ -110,6 +131,39 @@ class CheckpointStore:
         for uri in uris:
             if uri not in keep:
                 storage.delete(uri)
+
+
+def _outage_tolerant_writer() -> Callable[[str, bytes], None]:
+    """storage.write_bytes retried through a store outage, all calls within one window.
+
+    The window is DDPFLOW_STORE_OUTAGE_S, cut short in a group of several ranks where the
+    others would stop waiting for this one first (peers_wait_left). Between attempts this
+    rank beats, so the launcher's watchdog does not take the outage for a hang.
+    """
+    bound = store_outage_s()
+    hint = f"raise {STORE_OUTAGE_ENV} (now {bound:g} s) to wait longer"
+    peers_left = watchdog.peers_wait_left()
+    if peers_left is not None and peers_left - PEER_MARGIN_S < bound:
+        bound = max(0.0, peers_left - PEER_MARGIN_S)
+        hint = (
+            "the other ranks wait for rank 0 at most rank_timeout_s from their last step, "
+            f"so rank 0 waited only {bound:.0f} s: raise rank_timeout_s (and "
+            f"{STORE_OUTAGE_ENV}) to wait longer"
+        )
+    deadline = time.monotonic() + bound
+
+    def write(uri: str, data: bytes) -> None:
+        retry_for(
+            lambda: storage.write_bytes(uri, data),
+            what=f"checkpoint write to {uri}",
+            bound_s=max(0.0, deadline - time.monotonic()),
+            hint=hint,
+            on_wait=watchdog.beat_this_thread,
+            sleep=time.sleep,  # looked up per call: unit tests swap in a fake clock
+            clock=time.monotonic,
+        )
+
+    return write
 
 
 def _is_checkpoint_name(name: str) -> bool:

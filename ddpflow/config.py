@@ -18,6 +18,10 @@ CLUSTER_OPTIONS_ENV = "DDPFLOW_CLUSTER_OPTIONS"
 RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
 HEAL_TIMEOUT_ENV = "DDPFLOW_HEAL_TIMEOUT_S"
 DEFAULT_HEAL_TIMEOUT_S = 120.0
+STORE_OUTAGE_ENV = "DDPFLOW_STORE_OUTAGE_S"
+# A checkpoint write retries for this long before the run fails: a 1-minute store outage
+# (a restart, a network blip) with room to spare.
+DEFAULT_STORE_OUTAGE_S = 300.0
 DEFAULT_NUM_WORKERS = 2
 # Which Dask cluster the flows run on (ddpflow.cluster builds each one).
 CLUSTER_KINDS = ("local", "address", "cuda", "jobqueue", "kubernetes")
@@ -43,6 +47,8 @@ class Settings:
     # How long a restart waits for lost workers to come back before it goes on with fewer
     # (min_workers) or gives up.
     heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
+    # How long a checkpoint write waits out an unreachable artifact store (store_outage_s()).
+    store_outage_s: float = DEFAULT_STORE_OUTAGE_S
 
     @classmethod
     def from_env(
@@ -67,8 +73,19 @@ class Settings:
             cluster_kind=_parse_cluster_kind(env.get(CLUSTER_ENV), dask_address),
             cluster_options=_parse_json_object(CLUSTER_OPTIONS_ENV, env.get(CLUSTER_OPTIONS_ENV)),
             rank_resources=_parse_resources(env.get(RANK_RESOURCES_ENV)),
-            heal_timeout_s=_parse_seconds(HEAL_TIMEOUT_ENV, env.get(HEAL_TIMEOUT_ENV)),
+            heal_timeout_s=_parse_seconds(
+                HEAL_TIMEOUT_ENV, env.get(HEAL_TIMEOUT_ENV), DEFAULT_HEAL_TIMEOUT_S
+            ),
+            store_outage_s=store_outage_s(env),
         )
+
+
+def store_outage_s(env: Mapping[str, str] | None = None) -> float:
+    """DDPFLOW_STORE_OUTAGE_S, alone: rank 0 reads it where it writes a checkpoint (its Dask
+    worker, whose environment a LocalCluster copies from the flow's), without the other
+    settings; the flow reads it with them at its start, so a bad value fails there first."""
+    env = os.environ if env is None else env
+    return _parse_seconds(STORE_OUTAGE_ENV, env.get(STORE_OUTAGE_ENV), DEFAULT_STORE_OUTAGE_S)
 
 
 def normalise_root(root: str, base: Path | None = None) -> str:
@@ -102,15 +119,15 @@ def _parse_workers(raw: str | None) -> int:
     return value
 
 
-def _parse_seconds(name: str, raw: str | None) -> float:
+def _parse_seconds(name: str, raw: str | None, default: float) -> float:
     if raw is None or raw.strip() == "":
-        return DEFAULT_HEAL_TIMEOUT_S
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if not 0 < value < float("inf"):
-        raise ConfigError(f"{name}={raw!r} is not a positive number of seconds; e.g. 120")
+        raise ConfigError(f"{name}={raw!r} is not a positive number of seconds; e.g. {default:g}")
     return value
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ PERMANENT_ERRORS: tuple[type[BaseException], ...] = (
     IsADirectoryError,
     NotADirectoryError,
 )
+# A full disk or quota, or a read-only filesystem, will not clear up while we wait either.
+PERMANENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OSError, TimeoutError, ConnectionError)
 # HTTP statuses worth retrying: throttling and server-side failures.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -41,6 +44,8 @@ TRANSIENT_ERROR_NAMES = frozenset(
 
 def is_transient(error: BaseException) -> bool:
     if isinstance(error, PERMANENT_ERRORS):
+        return False
+    if isinstance(error, OSError) and error.errno in PERMANENT_ERRNOS:
         return False
     if isinstance(error, TRANSIENT_ERRORS):
         return True
@@ -80,3 +85,67 @@ def retry_call(
             )
             sleep(delay)
     raise AssertionError("unreachable")
+
+
+class OutageTooLong(TimeoutError):
+    """A transient failure outlasted its time bound; the message says what to raise.
+
+    A TimeoutError (an OSError), so code that handles a failed write handles this one too.
+    """
+
+
+def retry_for(
+    fn: Callable[[], T],
+    *,
+    what: str,
+    bound_s: float,
+    hint: str,
+    base_delay_s: float = 1.0,
+    max_delay_s: float = 15.0,
+    on_wait: Callable[[], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """Call fn, retrying transient errors with doubling delays for up to `bound_s` seconds.
+
+    A time bound, not an attempt count: an outage lasts a time, and one attempt against a
+    store that stopped answering can itself take a read timeout. `on_wait` runs before each
+    pause (e.g. a heartbeat, so the watchdog does not take the wait for a hang). Past the
+    bound, OutageTooLong names `what` (redacted) and ends with `hint` (what to raise to wait
+    longer), chained to the last error; a permanent error is raised as it is, at once.
+    """
+    started = clock()
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn()
+        except Exception as error:  # noqa: BLE001 - classified just below
+            if not is_transient(error):
+                raise
+            waited = clock() - started
+            if waited >= bound_s:
+                raise OutageTooLong(
+                    f"{redact_text(what)} still failed after {waited:.0f} s and {attempt} "
+                    f"attempts ({redact_text(_describe(error))}); {hint}"
+                ) from error
+            # The last pause ends at the bound, so the last attempt is made right there.
+            delay = min(max_delay_s, base_delay_s * 2 ** min(attempt - 1, 30), bound_s - waited)
+            log.warning(
+                "%s failed (%s); attempt %d, retrying in %.1fs (for %.0f s more at most)",
+                redact_text(what),
+                redact_text(_describe(error)),
+                attempt,
+                delay,
+                bound_s - waited,
+            )
+            if on_wait is not None:
+                on_wait()
+            sleep(delay)
+            if on_wait is not None:
+                on_wait()
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error)  # a timeout often says nothing but its type
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -15,6 +15,7 @@ from typing import Any
 
 import fsspec
 import torch
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 
@@ -26,6 +27,11 @@ def join(base: str, *parts: str) -> str:
 
 # Bounded S3 calls: a dead endpoint must fail in seconds, not stall every rank for minutes.
 S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3}}
+# An upload to a server that accepted the connection but stopped answering (a paused or
+# overloaded process) waits for its "100 Continue" with no timeout of botocore's at all:
+# each write gets a deadline of its own, enough for the data at a slow 5 MB/s.
+WRITE_TIMEOUT_BASE_S = 30.0
+WRITE_TIMEOUT_BYTES_PER_S = 5e6
 
 
 def s3_options() -> dict[str, Any]:
@@ -64,7 +70,8 @@ def write_bytes(uri: str, data: bytes) -> None:
 
     Local files go to a temporary name first and are renamed into place (rename is atomic
     on POSIX). Object stores publish an object only when its single PUT (or multipart
-    upload) completes, so a direct write already has that property.
+    upload) completes, so a direct write already has that property. An object-store write
+    that takes longer than write_timeout_s() raises FSTimeoutError (a TimeoutError).
     """
     fs, path = url_to_fs(uri)
     if isinstance(fs, LocalFileSystem):
@@ -80,7 +87,14 @@ def write_bytes(uri: str, data: bytes) -> None:
             if os.path.exists(tmp):
                 os.remove(tmp)
         return
-    fs.pipe_file(path, data)
+    if isinstance(fs, AsyncFileSystem):
+        fs.pipe_file(path, data, timeout=write_timeout_s(len(data)))
+    else:
+        fs.pipe_file(path, data)
+
+
+def write_timeout_s(num_bytes: int) -> float:
+    return WRITE_TIMEOUT_BASE_S + num_bytes / WRITE_TIMEOUT_BYTES_PER_S
 
 
 def delete(uri: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -12,9 +13,30 @@ import typing
 from typing import Any
 
 from prefect import Flow
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
 from ddpflow.redact import redact_text
 from flows import early_api
+
+# Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
+# Its default 5 retries span about 30 s, less than a server restart on a busy host takes
+# (a state update then fails the flow run); 8 span about 4 minutes. A URL that never
+# answered still fails at once: Prefect does not retry a first connection.
+CLIENT_MAX_RETRIES = 8
+CLIENT_RETRIES_ENV = "PREFECT_CLIENT_MAX_RETRIES"
+
+
+def prefect_client_retries() -> contextlib.AbstractContextManager[Any]:
+    """CLIENT_MAX_RETRIES for this flow run, unless the environment sets its own.
+
+    Prefect read its settings when it was imported, so the flow's process gets them as a
+    temporary setting; the environment variable is for the processes it starts afterwards
+    (a LocalCluster's workers run tasks that talk to the API too).
+    """
+    if os.environ.get(CLIENT_RETRIES_ENV, "").strip():
+        return contextlib.nullcontext()
+    os.environ[CLIENT_RETRIES_ENV] = str(CLIENT_MAX_RETRIES)
+    return temporary_settings({PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES})
 
 
 def _scalar_type(annotation: Any) -> type:
@@ -74,7 +96,8 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     early_api.adopt()  # after argument errors, which need no server
     try:
-        return flow(**args)
+        with prefect_client_retries():
+            return flow(**args)
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback
         # Errors raised by ddpflow are redacted already; a library's may quote a URL.
         reason = redact_text(str(error)) or type(error).__name__  # TimeoutError() says nothing

@@ -109,7 +109,14 @@ def start_stack(stack_dir: Path, num_workers: int = 2, free_ports: bool = False)
                 ports["dask"], num_workers, runtime_env, logs, tls=secrets.tls
             ),
         )
-        worker_env = {**runtime_env, "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS}
+        worker_env = {
+            **runtime_env,
+            "PREFECT_WORKER_QUERY_SECONDS": WORKER_QUERY_SECONDS,
+            # Deployment runs get the worker's environment: the same API retries as
+            # `python -m flows...` runs get (flows/cli.py, CLIENT_MAX_RETRIES), so a
+            # Prefect server restart does not fail them.
+            "PREFECT_CLIENT_MAX_RETRIES": "8",
+        }
         _timed(state, lambda: services.start_prefect_worker(WORK_POOL, worker_env, logs))
     except BaseException:
         _stop_all(state.services)

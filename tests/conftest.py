@@ -42,6 +42,7 @@ SHARED_GROUPS = {
 HEAVY_FIRST = [
     "charlm-reference",  # ~1000 s
     "test_deployments",  # ~400 s
+    "test_outages",  # ~330 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
     "test_train_charlm_flow",
     "test_images_flow",

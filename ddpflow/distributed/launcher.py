@@ -39,7 +39,13 @@ from ddpflow.distributed.supervision import (
     wait_all_or_first_failure,
     wait_for_start,
 )
-from ddpflow.distributed.watchdog import StepWatch, ask_each, rank_started
+from ddpflow.distributed.watchdog import (
+    StepWatch,
+    ask_each,
+    bind_thread,
+    rank_started,
+    unbind_thread,
+)
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -176,7 +182,11 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
         # The rendezvous may take up to the timeout by itself: the first step is due within
         # the timeout of the group forming.
         rank_started(spec.launch_id, spec.rank)
-        return fn(ctx, *args)
+        bind_thread(spec.launch_id, spec.rank, spec.world_size, spec.timeout_s)
+        try:
+            return fn(ctx, *args)
+        finally:
+            unbind_thread()
 
 
 def _ask_all(

@@ -10,6 +10,7 @@ longer than the group's timeout fails the group, as a collective timeout would.
 from __future__ import annotations
 
 import concurrent.futures
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,51 @@ class _Progress:
 
 
 _ranks: dict[tuple[str, int], _Progress] = {}  # worker-local: (launch id, rank) -> progress
+
+
+@dataclass(frozen=True)
+class _Binding:
+    launch_id: str
+    rank: int
+    world_size: int
+    timeout_s: float
+
+
+# The rank this thread runs. Code far below the training function (a checkpoint write's
+# retries) beats for its rank through this, without a context object passed down to it.
+_this_thread = threading.local()
+
+
+def bind_thread(launch_id: str, rank: int, world_size: int, timeout_s: float) -> None:
+    """On the worker, in the rank's thread: this thread now runs `rank` of that group."""
+    _this_thread.binding = _Binding(launch_id, rank, world_size, timeout_s)
+
+
+def unbind_thread() -> None:
+    _this_thread.binding = None
+
+
+def beat_this_thread() -> None:
+    """A heartbeat for the rank this thread runs; nothing outside a launched rank."""
+    binding: _Binding | None = getattr(_this_thread, "binding", None)
+    if binding is not None:
+        heartbeat(binding.launch_id, binding.rank)
+
+
+def peers_wait_left() -> float | None:
+    """How many more seconds the other ranks can wait for this thread's rank.
+
+    They wait in a collective (gloo's timeout) and make no progress there (the watchdog's),
+    both bounded by the group's timeout since their last progress, which was about this
+    rank's (they left the same collective). None outside a group of more than one rank.
+    """
+    binding: _Binding | None = getattr(_this_thread, "binding", None)
+    if binding is None or binding.world_size < 2:
+        return None
+    progress = _ranks.get((binding.launch_id, binding.rank))
+    if progress is None:
+        return None
+    return binding.timeout_s - (time.monotonic() - progress.last)
 
 
 def rank_started(launch_id: str, rank: int) -> None:

@@ -11,6 +11,7 @@ import s3fs
 import torch
 from mlflow.tracking import MlflowClient
 
+from ddpflow.config import STORE_OUTAGE_ENV
 from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
 from infra.services import free_port
 from tests.integration.conftest import prefect_cli, prefect_records, run_flow, tiny_charlm
@@ -202,6 +203,7 @@ def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypat
         return await original(self, method, *args, **kwargs)
 
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", drop_epoch_3)
+    monkeypatch.setenv(STORE_OUTAGE_ENV, "1")  # retried for a second, then given up
     with pytest.raises(OSError, match="connection dropped mid-upload"):
         store.save(build_state(model, optimizer, 3, model.config.to_dict()))
     monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", original)

@@ -14,6 +14,8 @@ from torch import nn
 from ddpflow import storage
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.checkpoint import POINTER_NAME, CheckpointStore, build_state, encode, unwrap
+from ddpflow.config import STORE_OUTAGE_ENV
+from ddpflow.retry import OutageTooLong
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 
@@ -212,6 +214,7 @@ def test_interrupted_checkpoint_write_keeps_previous_latest(
         return real_open(path, mode, *args, **kwargs)
 
     monkeypatch.setattr(storage, "open", flaky_open, raising=False)
+    monkeypatch.setenv(STORE_OUTAGE_ENV, "0.3")  # waited out briefly, then given up
     with pytest.raises(OSError, match="disk went away"):
         store.save(small_state(3))
     monkeypatch.undo()
@@ -236,7 +239,8 @@ def test_failing_write_bytes_keeps_previous_latest(
         real_write(uri, data)
 
     monkeypatch.setattr(storage, "write_bytes", failing_write)
-    with pytest.raises(ConnectionError, match="upload cut off"):
+    monkeypatch.setenv(STORE_OUTAGE_ENV, "0.3")  # waited out briefly, then given up
+    with pytest.raises(OutageTooLong, match="upload cut off"):
         store.save(small_state(3))
     assert store.latest_uri() == store.uri_for(2)
     assert store.load()["epoch"] == 2

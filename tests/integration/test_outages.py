@@ -1,0 +1,202 @@
+"""Service outages mid-training, for real: the S3 store (a moto server) paused for a minute
+while a checkpoint is written, and the Prefect server stopped and restarted while a flow runs
+against it. Both runs must complete. One tiny training per outage, shared by its tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from infra.services import (
+    Service,
+    create_bucket,
+    free_port,
+    start_moto,
+    start_prefect_server,
+    stop,
+)
+from tests.integration import prefect_api
+from tests.integration.charlm_runs import EPOCHS, TINY, finish, wait_for_checkpoint
+from tests.integration.conftest import REPO, project_env, project_tracking
+from tests.integration.s3_servers import (
+    ACCESS_KEY,
+    SECRET_KEY,
+    list_keys,
+    mlflow_server,
+    s3_env,
+)
+
+pytestmark = pytest.mark.integration
+BUCKET = "ddpflow-outage"
+S3_OUTAGE_S = 60.0
+# Longer than Prefect's own client retries span (about 30 s), shorter than ddpflow's.
+PREFECT_OUTAGE_S = 60.0
+
+
+def start_flow(project: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    """`python -m flows.train_charlm` with the tiny arguments, in its own project folder."""
+    project.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
+        cwd=project,
+        env={**project_env(project), **env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_first_metric(client: MlflowClient, proc: subprocess.Popen, timeout_s=300) -> str:
+    """The training's run id, once it logged its first training step (mid-epoch 1)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        experiment = client.get_experiment_by_name("ddpflow-charlm")
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
+            return runs[0].info.run_id
+        time.sleep(0.3)
+    raise AssertionError("the training logged no step")
+
+
+@pytest.fixture(scope="module")
+def moto_service(tmp_path_factory) -> Iterator[Service]:
+    """A moto S3 server with BUCKET, as a process this module can pause."""
+    service = start_moto(free_port(), tmp_path_factory.mktemp("moto"))
+    try:
+        create_bucket(service.url, BUCKET)
+        yield service
+    finally:
+        os.kill(service.pid, signal.SIGCONT)  # a stopped process would not stop
+        stop(service)
+
+
+@pytest.fixture(scope="module")
+def s3_outage(moto_service, tmp_path_factory) -> Iterator[dict]:
+    """Checkpoints and MLflow's artifacts on S3; the S3 server is paused (SIGSTOP, which keeps
+    its data and its listening socket: connections are accepted, nothing answers) from the
+    first training step, before epoch 1's checkpoint, for S3_OUTAGE_S, then resumed."""
+    logs, moto = tmp_path_factory.mktemp("outage-mlflow"), moto_service.url
+    with mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server:
+        env = {
+            **s3_env(moto),
+            "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
+            "MLFLOW_TRACKING_URI": server.url,
+        }
+        started = time.monotonic()
+        proc = start_flow(tmp_path_factory.mktemp("s3-outage"), env)
+        client = MlflowClient(server.url)
+        try:
+            run_id = wait_for_first_metric(client, proc)
+            os.kill(moto_service.pid, signal.SIGSTOP)
+            paused_at = time.monotonic()
+            time.sleep(S3_OUTAGE_S)
+        finally:
+            os.kill(moto_service.pid, signal.SIGCONT)
+        returncode, output = finish(proc, timeout_s=600)
+        retried = [line for line in output.splitlines() if "checkpoint write to" in line]
+        epochs = [line for line in output.splitlines() if "/3 done" in line]
+        print(
+            f"S3 paused {S3_OUTAGE_S:g} s from {paused_at - started:.0f} s; run took "
+            f"{time.monotonic() - started:.0f} s",
+            *retried,
+            *epochs,
+            sep="\n",
+        )
+        yield {
+            "returncode": returncode,
+            "output": output,
+            "run_id": run_id,
+            "keys": list_keys(moto, BUCKET),
+            "checkpoints_in_mlflow": [a.path for a in client.list_artifacts(run_id, "checkpoints")],
+        }
+
+
+def test_the_run_survives_a_minute_without_s3(s3_outage):
+    assert s3_outage["returncode"] == 0, s3_outage["output"][-5000:]
+    prefix = f"artifacts/runs/{s3_outage['run_id']}/checkpoints"
+    keys = set(s3_outage["keys"])
+    assert {f"{prefix}/epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)} <= keys
+    assert f"{prefix}/latest.json" in keys
+
+
+def test_the_checkpoint_write_was_retried_and_said_so(s3_outage):
+    output = s3_outage["output"]
+    retries = re.findall(r"checkpoint write to s3://\S+ failed \(.*\); attempt \d+", output)
+    assert retries, output[-5000:]
+    # A paused store times an upload out (no answer); it never refuses it.
+    assert "FSTimeoutError" in retries[0]
+
+
+def test_mlflow_got_every_checkpoint_after_the_outage(s3_outage):
+    names = {path.rsplit("/", 1)[-1] for path in s3_outage["checkpoints_in_mlflow"]}
+    assert {f"epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)} <= names
+
+
+def test_no_credential_in_the_output_of_a_retried_run(s3_outage):
+    for secret in (SECRET_KEY, ACCESS_KEY):
+        assert secret not in s3_outage["output"]
+
+
+@pytest.fixture(scope="module")
+def prefect_restart(tmp_path_factory) -> Iterator[dict]:
+    """A flow against a real Prefect server, which is stopped once epoch 1's checkpoint
+    exists and started again PREFECT_OUTAGE_S later on the same port and database."""
+    home = tmp_path_factory.mktemp("prefect-restart")
+    port = free_port()
+    server = start_prefect_server(port, home, home)
+    env = {"PREFECT_API_URL": server.url}
+    project = tmp_path_factory.mktemp("prefect-restart-project")
+    try:
+        proc = start_flow(project, env)
+        wait_for_checkpoint(project, 1, proc)
+        stop(server)
+        stopped_at = time.monotonic()
+        time.sleep(PREFECT_OUTAGE_S)
+        server = start_prefect_server(port, home, home)
+        back_after_s = time.monotonic() - stopped_at
+        returncode, output = finish(proc, timeout_s=600)
+        _, run = the_only_run(project)
+        flow_run_id = run.data.tags["prefect.flow_run_id"]
+        yield {
+            "returncode": returncode,
+            "output": output,
+            "flow_run": prefect_api.flow_run(env, flow_run_id),
+            "project": project,
+            "back_after_s": back_after_s,
+        }
+        print(f"Prefect server back after {back_after_s:.0f} s")
+    finally:
+        stop(server)
+
+
+def the_only_run(project: Path):
+    client = project_tracking(project)
+    runs = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])
+    assert len(runs) == 1
+    return client, runs[0]
+
+
+def test_the_flow_run_completes_across_a_prefect_server_restart(prefect_restart):
+    assert prefect_restart["returncode"] == 0, prefect_restart["output"][-5000:]
+    assert prefect_restart["flow_run"]["state"]["type"] == "COMPLETED", json.dumps(
+        prefect_restart["flow_run"]["state"]
+    )
+
+
+def test_the_training_finished_during_the_restart(prefect_restart):
+    client, run = the_only_run(prefect_restart["project"])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")] == list(
+        range(1, EPOCHS + 1)
+    )
+    assert run.info.status == "FINISHED"
