@@ -2,6 +2,10 @@
 
 Layout under a run's checkpoint folder:
     epoch-0001.pt    torch.save of a dict of tensors and plain values (weights_only loadable)
+    epoch-0001.step-00000030.pt
+                     a checkpoint inside epoch 2, after 1 epoch and 30 of its steps; it also
+                     holds a "position" (ddpflow.step_checkpoints.EpochPosition). Names sort
+                     in training order ("." sorts after "-" and "p" before "s").
     latest.json      {"uri": ".../epoch-0001.pt", "epoch": 1}, rewritten only after the
                      checkpoint it names was written completely
 """
@@ -19,6 +23,7 @@ import torch
 from torch import nn
 
 from ddpflow import storage
+from ddpflow.step_checkpoints import EpochPosition
 from ddpflow.tracking import MetricLogger
 
 FORMAT_VERSION = 1
@@ -67,15 +72,19 @@ class CheckpointStore:
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
 
-    def uri_for(self, epoch: int) -> str:
-        return storage.join(self.root, f"epoch-{epoch:04d}.pt")
+    def uri_for(self, epoch: int, step: int | None = None) -> str:
+        """`epoch` epochs done, plus `step` steps of the next one (None: at the epoch end)."""
+        inside = "" if step is None else f".step-{step:08d}"
+        return storage.join(self.root, f"epoch-{epoch:04d}{inside}.pt")
 
     def save(self, state: dict[str, Any]) -> str:
-        return self.save_encoded(int(state["epoch"]), encode(state))
+        position = state.get("position")
+        step = None if position is None else int(position["step"])
+        return self.save_encoded(int(state["epoch"]), encode(state), step)
 
-    def save_encoded(self, epoch: int, data: bytes) -> str:
+    def save_encoded(self, epoch: int, data: bytes, step: int | None = None) -> str:
         """Write the checkpoint, then move the pointer to it, then prune old ones."""
-        uri = self.uri_for(epoch)
+        uri = self.uri_for(epoch, step)
         storage.write_bytes(uri, data)
         pointer = {"uri": uri, "epoch": epoch}
         storage.write_bytes(storage.join(self.root, POINTER_NAME), json.dumps(pointer).encode())
@@ -114,12 +123,21 @@ def _is_checkpoint_name(name: str) -> bool:
 
 def resume(store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load the latest complete checkpoint into model and optimizer; the epoch to start at."""
+    return resume_position(store, model, optimizer)[0]
+
+
+def resume_position(
+    store: CheckpointStore, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[int, EpochPosition | None, dict[str, Any] | None]:
+    """Like resume(), plus where inside the epoch to go on (None: at its start) and the
+    loaded state, for what a workload saved besides (a scheduler's state)."""
     if store.latest_uri() is None:
-        return 0
+        return 0, None, None
     state = store.load()
     model.load_state_dict(state["model_state"])
     optimizer.load_state_dict(state["optimizer_state"])
-    return int(state["epoch"])
+    position = state.get("position")
+    return int(state["epoch"]), EpochPosition.from_dict(position) if position else None, state
 
 
 def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:

@@ -10,8 +10,15 @@ from torch.nn.parallel import DistributedDataParallel
 from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
+from ddpflow.checkpoint import (
+    CheckpointStore,
+    build_state,
+    encode,
+    record_checkpoint,
+    resume_position,
+)
 from ddpflow.distributed.context import RankContext
+from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank
 from ddpflow.train_loop import EpochStats, FitPlan, fit
@@ -33,6 +40,9 @@ class CharLMTrainJob:
     keep_last: int
     run: RunRef
     log_every_steps: int = 20
+    # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -45,21 +55,22 @@ class TrainResult:
 def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     """Train, or resume from the latest complete checkpoint after a restart.
 
-    Resuming is exact: the data order is a function of (seed, epoch) and fit() reseeds the
-    dropout RNG from (seed, rank, epoch) at every epoch start, so weights, optimizer state and
-    the epoch number are all a checkpoint at an epoch boundary needs.
+    Resuming is exact, from an epoch's end or from inside an epoch: the data order is a
+    function of (seed, epoch, world size) and fit() reseeds the dropout RNG from (seed, rank,
+    epoch, step) before every step, so weights, optimizer state and the position (epoch,
+    steps done, the epoch's partial loss sums) are all a checkpoint needs.
     """
     torch.manual_seed(job.seed)  # same initial weights on every rank
     model = CharLSTM(job.model).to(ctx.device)
     optimizer = torch.optim.Adam(model.parameters(), lr=job.lr)
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
-    start_epoch = resume(store, model, optimizer)
+    start_epoch, position, _ = resume_position(store, model, optimizer)
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
     logger = logger_for_rank(ctx.is_main, job.run)
 
-    def save_checkpoint(epoch: int) -> None:
+    def save_checkpoint(epoch: int, position: EpochPosition | None = None) -> None:
         state = build_state(
             model,
             optimizer,
@@ -69,13 +80,17 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 "lr": job.lr,
                 "batch_size": job.batch_size,
                 "seed": job.seed,
-                # Where training stands: the next epoch starts at step 0 and its order is
-                # epoch_batches(seed, epoch, rank, world_size); RNG is reseeded per epoch.
-                "step_in_epoch": 0,
+                # Where training stands: epoch `epoch` (0-based) goes on at this step, in
+                # the order epoch_batches(seed, epoch, rank, world_size); RNG is reseeded
+                # per step. "position" (inside an epoch only) has the rest.
+                "step_in_epoch": position.step if position else 0,
                 "data_order": {"seed": job.seed, "next_epoch": epoch, "world_size": ctx.world_size},
             },
         )
-        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
+        if position is not None:
+            state["position"] = position.to_dict()
+        step = position.step if position else None
+        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state), step), data)
 
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(
@@ -94,6 +109,10 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 start_epoch=start_epoch,
                 log_every_steps=job.log_every_steps,
                 progress_topic=progress_topic(job.run.run_id),
+                checkpoints=CheckpointSchedule(
+                    job.checkpoint_every_steps, job.checkpoint_every_s, job.log_every_steps
+                ),
+                resume_at=position,
             ),
         )
     close_logger(logger)  # everything logged is in MLflow before the flow reads it
