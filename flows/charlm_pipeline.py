@@ -173,6 +173,8 @@ def charlm_job(
         checkpoint_root=checkpoint_dir,
         keep_last=params.keep_last,
         run=run,
+        checkpoint_every_steps=params.checkpoint_every_steps,
+        checkpoint_every_s=params.checkpoint_every_s,
     )
 
 
