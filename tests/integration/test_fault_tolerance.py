@@ -22,6 +22,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ddpflow.cluster import local_cluster
+from ddpflow.distributed import watchdog
 from infra.services import free_port, start_prefect_server, stop
 from tests.integration.charlm_runs import (
     EPOCHS,
@@ -155,6 +156,55 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     _, row = assert_restart_recorded(cluster, tmp_path)
     assert row[1] == "2", "the relaunch took both workers again"
     assert row[2] == "-", "no worker hung: the nanny replaced the dead one by itself"
+
+
+STEP_EVERY = 5  # --checkpoint-every-steps of the mid-epoch kill
+
+
+def resumed_inside_epoch(output: str) -> tuple[int, int, int]:
+    """(epoch, step, steps per epoch) the relaunched rank 0 resumed at, from the flow's log."""
+    found = re.findall(r"resuming at epoch (\d+)/\d+, step (\d+)/(\d+)", output)
+    assert len(found) == 1, f"one resume inside an epoch expected, found {found}: {output[-3000:]}"
+    epoch, step, steps = (int(n) for n in found[0])
+    return epoch, step, steps
+
+
+def steps_redone(client: distributed.Client) -> int:
+    """Global steps the killed attempt had done past the step the relaunch started from, as
+    the ranks noted them on the surviving worker (watchdog.rank_steps, oldest first): its
+    last two records are the killed attempt's (from step 1) and the relaunch's. The
+    restarted worker is a new process with the relaunch's record only."""
+    answers = client.run(watchdog.rank_steps)
+    survivors = [
+        (killed, resumed)
+        for *_, killed, resumed in (r for r in answers.values() if len(r) >= 2)
+        if killed[0] != resumed[0] and killed[2] == 1 and resumed[2] > 1
+    ]
+    assert len(survivors) == 1, answers
+    ((killed, resumed),) = survivors
+    return killed[3] - (resumed[2] - 1)
+
+
+# docs/fault-tolerance.md: with step checkpoints, a worker killed mid-epoch costs fewer than
+# checkpoint_every_steps steps, and the resume is exact. The reference run has no step
+# checkpoints: the weights do not depend on where checkpoints fall (per-step reseed).
+def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
+    cluster, charlm_reference, charlm_reference_project, tmp_path
+):
+    proc = start_flow(tmp_path, cluster, "--checkpoint-every-steps", str(STEP_EVERY))
+    wait_for_checkpoint(tmp_path, 1, proc, step=True)  # inside epoch 2
+    time.sleep(0.15)  # a few steps (30-60 ms each here) past the checkpoint: redone
+    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    epoch, step, steps_per_epoch = resumed_inside_epoch(output)
+    assert epoch == 2 and 0 < step < steps_per_epoch and step % STEP_EVERY == 0, (epoch, step)
+    redone = steps_redone(cluster["client"])
+    print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
+    assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
+    assert_same_metrics(tmp_path, charlm_reference_project)
 
 
 # docs/fault-tolerance.md: a hung worker is detected by the rank timeout, restarted, and the
