@@ -15,7 +15,9 @@ default, every `every_s` seconds, and a run resumes from the middle of an epoch 
 
 Ranks must agree on the step to checkpoint at (rank 0 writes, the others wait at a barrier).
 A step count agrees by itself; a time limit, which each rank measures on its own clock, is
-agreed on by a small MAX all-reduce at control points (every `control_every` steps).
+agreed on by a small MAX all-reduce at control points (every `control_every` steps). The same
+all-reduce carries a stop request (ddpflow.graceful_stop: a worker sent SIGTERM): the group
+checkpoints at that step and every rank raises StopRequested.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from ddpflow import graceful_stop
 from ddpflow.tracking import MetricLogger, flush_logger
 
 if TYPE_CHECKING:
@@ -119,17 +122,23 @@ class CheckpointClock:
     def written(self) -> None:
         self.last = time.monotonic()
 
-    def due(self, steps_done: int) -> bool:
-        """After `steps_done` steps of the epoch: checkpoint now? Every rank calls this after
-        every step (the control all-reduce is a collective)."""
+    def check(self, steps_done: int) -> tuple[bool, str | None]:
+        """After `steps_done` steps of the epoch: (checkpoint now?, why to stop after it or
+        None). Every rank calls this after every step: at control points it is a collective.
+        """
         every_steps, every_s = self.schedule.every_steps, self.schedule.every_s
         due = every_steps > 0 and steps_done % every_steps == 0
-        if every_s > 0 and steps_done % self.schedule.control_every == 0:
-            flags = torch.tensor([float(time.monotonic() - self.last >= every_s)])
-            due = bool(self._agree(flags)[0]) or due
-        return due
+        if steps_done % self.schedule.control_every:
+            return due, None
+        asked = graceful_stop.stop_reason()
+        late = every_s > 0 and time.monotonic() - self.last >= every_s
+        time_due, stop = (bool(v) for v in self._agree(torch.tensor([late, asked is not None])))
+        if not stop:
+            return due or time_due, None
+        return True, asked or "another worker of the group was asked to stop"
 
     def _agree(self, flags: torch.Tensor) -> torch.Tensor:
+        flags = flags.to(torch.float32)
         if self.world_size > 1:
             moved = flags.to(self.device)
             dist.all_reduce(moved, op=dist.ReduceOp.MAX)  # any rank's "yes" is everyone's

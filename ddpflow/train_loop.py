@@ -23,6 +23,7 @@ from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.fit_progress import FitProgress
+from ddpflow.graceful_stop import StopRequested
 from ddpflow.step_checkpoints import (
     CheckpointClock,
     CheckpointSchedule,
@@ -234,11 +235,19 @@ def _train_epoch(
             if progress is not None:
                 progress.step(epoch, i + 1, metrics["train_loss"])
             window = StepWindow()
-        if checkpoints is not None and i + 1 < end and checkpoints.clock.due(i + 1):
+        if checkpoints is None or i + 1 == end:
+            continue  # an epoch's last step: its epoch-end checkpoint follows
+        due, stop = checkpoints.clock.check(i + 1)
+        if due:
             sums = gather_loss_sums(loss_sum, ctx.world_size, ctx.device)
             samples = start + (i + 1 - done) * global_batch  # all steps but the last are full
             position = EpochPosition(epoch, i + 1, samples, ctx.world_size, sums, window.state())
             checkpoints.write(ctx, logger, position)
+        if stop is not None:
+            raise StopRequested(
+                f"{stop}; the group checkpointed at epoch {epoch + 1} step {i + 1} and "
+                "resumes there"
+            )
     _all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
 

@@ -37,7 +37,7 @@ def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
 
 
 # Two layers with dropout: the LSTM draws dropout masks between its layers, so a resume is
-# exact only if the RNG is reseeded per epoch (one layer would draw nothing at all).
+# exact only if the RNG is reseeded per step (one layer would draw nothing at all).
 TINY = [
     "--source",
     str(small_corpus()),

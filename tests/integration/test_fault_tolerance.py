@@ -1,7 +1,8 @@
-"""Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed or
-SIGSTOPped while the flow trains on them (the flow connects via DDPFLOW_DASK_ADDRESS), and the
-run must finish with exactly the weights of an uninterrupted run. The trainings use two LSTM
-layers with dropout (charlm_runs.TINY), so the exact resume depends on the per-epoch reseed."""
+"""Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed,
+SIGSTOPped or sent SIGTERM while the flow trains on them (the flow connects via
+DDPFLOW_DASK_ADDRESS), and the run must finish with exactly the weights of an uninterrupted
+run. The trainings use two LSTM layers with dropout (charlm_runs.TINY), so the exact resume
+depends on the per-step reseed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow import graceful_stop
 from ddpflow.cluster import local_cluster
 from ddpflow.distributed import watchdog
 from infra.services import free_port, start_prefect_server, stop
@@ -203,6 +205,48 @@ def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     redone = steps_redone(cluster["client"])
     print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
     assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
+    assert_same_metrics(tmp_path, charlm_reference_project)
+
+
+def process_gone(pid: int, timeout_s: float) -> bool:
+    """The process exited within `timeout_s` (a zombie its nanny has not reaped counts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# docs/fault-tolerance.md: a worker sent SIGTERM makes its group checkpoint at the next control
+# step, its process exits, and the run resumes from that step, not from the epoch's start.
+def test_sigterm_to_a_worker_checkpoints_at_the_next_step_and_resumes_there(
+    cluster, charlm_reference, charlm_reference_project, tmp_path
+):
+    proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stop
+    wait_for_checkpoint(tmp_path, 1, proc)
+    time.sleep(0.5)  # into epoch 2
+    address, pid = worker(cluster["client"], 1)
+    sent = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    assert process_gone(pid, graceful_stop.DEFAULT_GRACE_S + 5), "the worker did not exit"
+    print(f"the worker exited {time.monotonic() - sent:.1f} s after SIGTERM")
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    cause, _ = assert_restart_recorded(cluster, tmp_path)
+    assert f"worker {address} asked to stop (SIGTERM)" in cause, cause
+    epoch, step, steps_per_epoch = resumed_inside_epoch(output)
+    print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}")
+    # fit() reads the request at its control points: every log_every_steps (20) steps.
+    assert epoch == 2 and step > 0 and step % 20 == 0, (epoch, step)
+    assert steps_redone(cluster["client"]) == 0, "the group stopped at its checkpoint's step"
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)
 

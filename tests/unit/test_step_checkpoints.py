@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow import step_checkpoints
+from ddpflow import graceful_stop, step_checkpoints
 from ddpflow.batching import epoch_batches
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_position
 from ddpflow.distributed.context import RankContext
@@ -96,7 +96,7 @@ def train(
         start_epoch=start_epoch,
         log_every_steps=log_every_steps,
         eval_batch_size=8,
-        checkpoints=CheckpointSchedule(every_steps=every_steps, every_s=0),
+        checkpoints=CheckpointSchedule(every_steps, every_s=0, control_every=log_every_steps),
         resume_at=position,
     )
     with pytest.raises(Crash) if crash_at_batch else _nothing():
@@ -219,8 +219,25 @@ def test_the_time_trigger_fires_at_control_points_only(monkeypatch: pytest.Monke
     monkeypatch.setattr(step_checkpoints, "time", SimpleNamespace(monotonic=lambda: now[0]))
     clock = CheckpointClock(CheckpointSchedule(0, every_s=60, control_every=10), 1, CTX.device)
     now[0] = 61
-    assert not clock.due(9), "not a control point"
-    assert clock.due(10)
+    assert clock.check(9) == (False, None), "not a control point"
+    assert clock.check(10) == (True, None)
     clock.written()
     now[0] = 100
-    assert not clock.due(20), "39 s since the last checkpoint"
+    assert clock.check(20) == (False, None), "39 s since the last checkpoint"
+
+
+# docs/fault-tolerance.md: a stop request (SIGTERM) is read at the next control point, which
+# checkpoints, and fit() stops there with StopRequested; a resume goes on from that step.
+def test_a_stop_request_checkpoints_at_the_next_control_point_and_stops(tmp_path: Path):
+    store = CheckpointStore(str(tmp_path), keep_last=100)
+    graceful_stop.request_stop("worker w asked to stop (SIGTERM)")
+    try:
+        with pytest.raises(graceful_stop.StopRequested, match=r"\(SIGTERM\).* epoch 1 step 2 "):
+            train(store, every_steps=0)
+    finally:
+        graceful_stop.clear()
+    assert store.latest_uri() == store.uri_for(0, 2), "a checkpoint at the stop's step"
+    reference, _, _ = train(CheckpointStore(str(tmp_path / "ref"), 100), every_steps=0)
+    resumed, _, position = train(store, every_steps=0)
+    assert position is not None and position.step == 2
+    assert_same(weights(resumed), weights(reference))
