@@ -90,7 +90,9 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
         if position is not None:
             state["position"] = position.to_dict()
         step = position.step if position else None
-        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state), step), data)
+        uri = store.save_encoded(epoch, data := encode(state), step)
+        if position is None:  # a copy of every step checkpoint would pile up in MLflow
+            record_checkpoint(logger, uri, data)
 
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(

@@ -122,7 +122,9 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         if position is not None:  # inside an epoch: fit() goes on from there
             state["position"] = position.to_dict()
         step = position.step if position else None
-        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state), step), data)
+        uri = store.save_encoded(epoch, data := encode(state), step)
+        if position is None:  # a copy of every step checkpoint would pile up in MLflow
+            record_checkpoint(logger, uri, data)
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         lr = optimizer.param_groups[0]["lr"]

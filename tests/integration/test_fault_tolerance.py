@@ -205,6 +205,11 @@ def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     redone = steps_redone(cluster["client"])
     print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
     assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
+    client, run = the_run(tmp_path)
+    copies = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert copies == [f"checkpoints/epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)], (
+        "only epoch checkpoints are copied into MLflow"
+    )
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)
 
