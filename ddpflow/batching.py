@@ -14,7 +14,13 @@ MAX_SEED = (2**64 - 1 - MAX_EPOCHS) // SEED_STRIDE
 
 
 def epoch_batches(
-    num_samples: int, batch_size: int, rank: int, world_size: int, seed: int, epoch: int
+    num_samples: int,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    seed: int,
+    epoch: int,
+    start: int = 0,
 ) -> list[torch.Tensor]:
     """Index batches of one rank for one epoch.
 
@@ -24,6 +30,10 @@ def epoch_batches(
     number of steps (DDP needs that: an extra step on one rank would wait forever for the
     others' gradients). A tail too small to give each rank a sample is folded into the
     previous batch, so the last batch may be a little larger than batch_size.
+
+    `start` skips that many samples of the permutation (a resume inside the epoch): with
+    the same world size and start = steps done * batch_size * world_size, the batches are
+    exactly the epoch's remaining ones. Nothing left to share among the ranks gives [].
     """
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
@@ -34,13 +44,17 @@ def epoch_batches(
         )
     generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
     perm = torch.randperm(num_samples, generator=generator)
+    if start:
+        perm, num_samples = perm[start:], max(0, num_samples - start)
+        if num_samples < world_size:
+            return []
     global_batch = batch_size * world_size
     num_steps = max(1, -(-num_samples // global_batch))
     if num_steps > 1 and num_samples - (num_steps - 1) * global_batch < world_size:
         num_steps -= 1
     bounds = [i * global_batch for i in range(num_steps)] + [num_samples]
     spans = zip(bounds[:-1], bounds[1:], strict=True)
-    return [perm[start:end][rank::world_size] for start, end in spans]
+    return [perm[lo:hi][rank::world_size] for lo, hi in spans]
 
 
 def shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:

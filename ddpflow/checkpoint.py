@@ -2,6 +2,10 @@
 
 Layout under a run's checkpoint folder:
     epoch-0001.pt    torch.save of a dict of tensors and plain values (weights_only loadable)
+    epoch-0001.step-00000030.pt
+                     a checkpoint inside epoch 2, after 1 epoch and 30 of its steps; it also
+                     holds a "position" (ddpflow.step_checkpoints.EpochPosition). Names sort
+                     in training order ("." sorts after "-" and "p" before "s").
     latest.json      {"uri": ".../epoch-0001.pt", "epoch": 1}, rewritten only after the
                      checkpoint it names was written completely
 """
@@ -27,6 +31,7 @@ from ddpflow.distributed import watchdog
 from ddpflow.redact import redact_text
 from ddpflow.retry import retry_for
 from ddpflow.speed import TrainSpeed
+from ddpflow.step_checkpoints import EpochPosition
 from ddpflow.tracking import MetricLogger
 
 FORMAT_VERSION = 1
@@ -82,13 +87,17 @@ class CheckpointStore:
         if self.keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {self.keep_last}")
 
-    def uri_for(self, epoch: int) -> str:
-        return storage.join(self.root, f"epoch-{epoch:04d}.pt")
+    def uri_for(self, epoch: int, step: int | None = None) -> str:
+        """`epoch` epochs done, plus `step` steps of the next one (None: at the epoch end)."""
+        inside = "" if step is None else f".step-{step:08d}"
+        return storage.join(self.root, f"epoch-{epoch:04d}{inside}.pt")
 
     def save(self, state: dict[str, Any]) -> str:
-        return self.save_encoded(int(state["epoch"]), encode(state))
+        position = state.get("position")
+        step = None if position is None else int(position["step"])
+        return self.save_encoded(int(state["epoch"]), encode(state), step)
 
-    def save_encoded(self, epoch: int, data: bytes) -> str:
+    def save_encoded(self, epoch: int, data: bytes, step: int | None = None) -> str:
         """Write the checkpoint, then move the pointer to it, then prune old ones.
 
         An unreachable store is waited out: each write is retried with backoff, both within
@@ -96,7 +105,7 @@ class CheckpointStore:
         is complete, so during an outage, and after one that outlasts the window (the run
         fails, naming the setting), `latest` still names the previous complete checkpoint.
         """
-        uri = self.uri_for(epoch)
+        uri = self.uri_for(epoch, step)
         write = _outage_tolerant_writer()
         write(uri, data)
         pointer = {"uri": uri, "epoch": epoch}
@@ -178,14 +187,26 @@ def resume(
 ) -> int:
     """Load the latest complete checkpoint into model, optimizer (and the GradScaler of
     `speed`); the epoch to start at."""
+    return resume_position(store, model, optimizer, speed)[0]
+
+
+def resume_position(
+    store: CheckpointStore,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    speed: TrainSpeed | None = None,
+) -> tuple[int, EpochPosition | None, dict[str, Any] | None]:
+    """Like resume(), plus where inside the epoch to go on (None: at its start) and the
+    loaded state, for what a workload saved besides (a scheduler's state)."""
     if store.latest_uri() is None:
-        return 0
+        return 0, None, None
     state = store.load()
     model.load_state_dict(state["model_state"])
     optimizer.load_state_dict(state["optimizer_state"])
     if speed is not None:
         speed.load_state_dict(state.get("scaler_state"))
-    return int(state["epoch"])
+    position = state.get("position")
+    return int(state["epoch"]), EpochPosition.from_dict(position) if position else None, state
 
 
 def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:

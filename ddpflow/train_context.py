@@ -18,8 +18,8 @@ from torch import nn
 from ddpflow.batching import MAX_SEED, epoch_batches
 from ddpflow.checkpoint import CheckpointStore, encode, unwrap
 from ddpflow.distributed.context import RankContext
+from ddpflow.step_checkpoints import epoch_seed
 from ddpflow.tracking import MetricLogger, NullLogger
-from ddpflow.train_loop import epoch_seed
 
 API_FORMAT_VERSION = 1
 T = TypeVar("T")

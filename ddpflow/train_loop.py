@@ -22,14 +22,27 @@ from torch import nn
 from ddpflow.batching import epoch_batches, shard
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
+from ddpflow.fit_progress import FitProgress
+from ddpflow.graceful_stop import StopRequested
 from ddpflow.speed import TrainSpeed
+from ddpflow.step_checkpoints import (
+    CheckpointClock,
+    CheckpointSchedule,
+    EpochPosition,
+    StepCheckpointer,
+    barrier,
+    gather_loss_sums,
+    step_seed,
+)
 from ddpflow.tracking import MetricLogger, flush_logger
-from ddpflow.training_progress import StepProgress, StepReporter, StepWindow
+from ddpflow.training_progress import StepReporter, StepWindow
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 ToBatch = Callable[[torch.Tensor], Batch]
 Evaluate = Callable[[nn.Module], Mapping[str, float]]
 StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
+# save_checkpoint(epochs_done) at an epoch end, (epochs_done, position) inside an epoch.
+SaveCheckpoint = Callable[..., None]
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,8 @@ class FitPlan:
     eval_batch_size: int = 8192
     # Dask event topic for rank 0's step progress (ddpflow.training_progress); None: not sent.
     progress_topic: str | None = None
+    checkpoints: CheckpointSchedule = field(default_factory=CheckpointSchedule)
+    resume_at: EpochPosition | None = None  # from a checkpoint inside epoch start_epoch
 
 
 @dataclass(frozen=True)
@@ -83,21 +98,32 @@ def fit(
     to_batch: ToBatch,
     ctx: RankContext,
     logger: MetricLogger,
-    save_checkpoint: Callable[[int], None],
+    save_checkpoint: SaveCheckpoint,
     plan: FitPlan,
     hooks: FitHooks | None = None,
 ) -> list[EpochStats]:
-    """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints."""
+    """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints.
+
+    `save_checkpoint(epochs_done)` is called on rank 0 at each epoch end, and
+    `save_checkpoint(epochs_done, position)` inside an epoch when plan.checkpoints says so.
+    """
     hooks = hooks or FitHooks()
     history = []
     steps_per_epoch = len(_batches(train_data, plan, ctx, 0))
-    progress = _Progress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
-    if plan.start_epoch > 0:
+    progress = FitProgress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
+    position = plan.resume_at
+    if position is not None and position.epoch != plan.start_epoch:
+        raise ValueError(f"resume_at is inside epoch {position.epoch}, not {plan.start_epoch}")
+    if position is not None:
+        progress.report(
+            f"resuming at epoch {position.epoch + 1}/{plan.epochs}, step "
+            f"{position.step}/{steps_per_epoch} (a checkpoint inside the epoch)"
+        )
+    elif plan.start_epoch > 0:
         progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
+    clock = CheckpointClock(plan.checkpoints, ctx.world_size, ctx.device)
+    steps = StepCheckpointer(clock, save_checkpoint)
     for epoch in range(plan.start_epoch, plan.epochs):
-        # Dropout (and any other torch RNG use) depends only on (seed, rank, epoch): a run
-        # resumed from an epoch's checkpoint continues exactly as if never interrupted.
-        torch.manual_seed(epoch_seed(plan.seed, ctx.rank, epoch))
         started = time.perf_counter()
         train_loss, num_samples = _train_epoch(
             model,
@@ -112,7 +138,10 @@ def fit(
             step_metrics=hooks.step_metrics,
             progress=progress,
             speed=hooks.speed,
+            resume_at=position,
+            checkpoints=steps,
         )
+        position = None
         elapsed = time.perf_counter() - started
         val_metrics = _validate(model, val_data, to_batch, ctx, plan, hooks)
         val_loss = val_metrics.pop("val_loss")
@@ -127,14 +156,11 @@ def fit(
             flush_logger(logger)  # a resume never re-logs the epochs before its checkpoint
             save_checkpoint(stats.epoch)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
-        _barrier(ctx)
+        barrier(ctx.world_size)
+        clock.written()
         ctx.heartbeat()  # validation and the checkpoint write are done
         history.append(stats)
     return history
-
-
-def epoch_seed(seed: int, rank: int, epoch: int) -> int:
-    return (seed * 1_000_003 + rank * 7919 + epoch) % (2**63)
 
 
 def _validate(model, val_data, to_batch, ctx, plan, hooks: FitHooks) -> dict[str, float]:
@@ -159,63 +185,12 @@ def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
     )
 
 
-def _batches(data: torch.Tensor, plan: FitPlan, ctx: RankContext, epoch: int) -> list:
-    return epoch_batches(len(data), plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch)
-
-
-class _Progress:
-    """Rank 0's progress lines for the flow's log (RankContext.report): one per epoch, and
-    within an epoch one at most every `every_s` seconds, so short epochs stay quiet. The
-    step counts also go to `reporter` (its own rate limit) for the flow's progress view."""
-
-    def __init__(
-        self,
-        ctx: RankContext,
-        epochs: int,
-        steps_per_epoch: int,
-        reporter: StepReporter | None = None,
-        every_s: float = 30,
-    ):
-        self.ctx, self.epochs, self.steps = ctx, epochs, steps_per_epoch
-        self.reporter = reporter if ctx.is_main else None
-        self.every_s = every_s
-        self.last = time.monotonic()
-
-    def _send(
-        self, epoch: int, steps_done: int, train_loss: float, val_loss: float | None = None
-    ) -> None:
-        if self.reporter is not None:
-            progress = StepProgress(
-                step=steps_done,
-                total_steps=self.epochs * self.steps,
-                epoch=epoch,
-                epochs=self.epochs,
-                train_loss=train_loss,
-                val_loss=val_loss,
-            )
-            self.reporter.report(progress, force=val_loss is not None)
-
-    def report(self, message: str) -> None:
-        if self.ctx.is_main:
-            self.ctx.report(message)
-            self.last = time.monotonic()
-
-    def step(self, epoch: int, step: int, train_loss: float) -> None:
-        self._send(epoch + 1, epoch * self.steps + step, train_loss)
-        if time.monotonic() - self.last >= self.every_s:
-            self.report(
-                f"epoch {epoch + 1}/{self.epochs}: step {step}/{self.steps} "
-                f"({100 * step / self.steps:.0f} %), train loss {train_loss:.4f}"
-            )
-
-    def epoch_done(self, stats: EpochStats) -> None:
-        self._send(stats.epoch, stats.epoch * self.steps, stats.train_loss, stats.val_loss)
-        extra = "".join(f", {k} {v:.4f}" for k, v in stats.val_metrics.items())
-        self.report(
-            f"epoch {stats.epoch}/{self.epochs} done: train loss {stats.train_loss:.4f}, "
-            f"val loss {stats.val_loss:.4f}{extra}, {stats.samples_per_s:,.0f} samples/s, "
-            f"{stats.epoch_time_s:.1f} s"
-        )
+def _batches(
+    data: torch.Tensor, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
+) -> list:
+    return epoch_batches(
+        len(data), plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch, start
+    )
 
 
 def _train_epoch(
@@ -229,21 +204,35 @@ def _train_epoch(
     epoch,
     first_step,
     step_metrics=None,
-    progress: _Progress | None = None,
+    progress: FitProgress | None = None,
+    resume_at: EpochPosition | None = None,
+    checkpoints: StepCheckpointer | None = None,
     speed: TrainSpeed | None = None,
 ):
     speed = speed or TrainSpeed(device=ctx.device)
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
     window = StepWindow()
-    for i, index in enumerate(_batches(data, plan, ctx, epoch)):
+    done, start = 0, 0
+    if resume_at is not None:  # go on where the checkpoint inside this epoch left off
+        done, start = resume_at.step, resume_at.samples
+        loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
+        if ctx.is_main:  # rank 0's window: the next log line averages the same steps
+            window = StepWindow.from_state(resume_at.window)
+    batches = _batches(data, plan, ctx, epoch, start)
+    end = done + len(batches)
+    global_batch = plan.batch_size * ctx.world_size
+    for i, index in enumerate(batches, start=done):
+        # Dropout (any torch RNG use) depends only on (seed, rank, epoch, step): a resume
+        # from any checkpoint, inside an epoch or at its end, repeats the same draws.
+        torch.manual_seed(step_seed(plan.seed, ctx.rank, epoch, i))
         x, y = to_batch(data[index])
         x, y = speed.to_device(x), speed.to_device(y)
         optimizer.zero_grad(set_to_none=True)
         with speed.autocast():
             logits, loss = model(x, y)
         speed.backward_and_step(loss, optimizer)
-        ctx.heartbeat()  # the launcher fails a rank that stops stepping
+        ctx.heartbeat(first_step + i + 1)  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)
         extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
@@ -254,6 +243,19 @@ def _train_epoch(
             if progress is not None:
                 progress.step(epoch, i + 1, metrics["train_loss"])
             window = StepWindow()
+        if checkpoints is None or i + 1 == end:
+            continue  # an epoch's last step: its epoch-end checkpoint follows
+        due, stop = checkpoints.clock.check(i + 1)
+        if due:
+            sums = gather_loss_sums(loss_sum, ctx.world_size, ctx.device)
+            samples = start + (i + 1 - done) * global_batch  # all steps but the last are full
+            position = EpochPosition(epoch, i + 1, samples, ctx.world_size, sums, window.state())
+            checkpoints.write(ctx, logger, position)
+        if stop is not None:
+            raise StopRequested(
+                f"{stop}; the group checkpointed at epoch {epoch + 1} step {i + 1} and "
+                "resumes there"
+            )
     _all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
 
@@ -283,8 +285,3 @@ def _all_reduce_sum(tensor: torch.Tensor, ctx: RankContext) -> None:
         moved = tensor.to(ctx.device)
         dist.all_reduce(moved, op=dist.ReduceOp.SUM)
         tensor.copy_(moved.cpu())
-
-
-def _barrier(ctx: RankContext) -> None:
-    if ctx.world_size > 1:
-        dist.barrier()

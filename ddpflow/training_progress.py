@@ -97,6 +97,27 @@ class StepWindow:
         for key, value in extra.items():
             self.extra[key] = self.extra.get(key, 0.0) + float(value)
 
+    def state(self) -> dict[str, Any]:
+        """The sums, for a checkpoint inside an epoch (the clock starts afresh on resume)."""
+        return {
+            "loss": self.loss,
+            "samples": self.samples,
+            "steps": self.steps,
+            "extra": dict(self.extra),
+        }
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> StepWindow:
+        window = cls()
+        if state:
+            window.loss, window.samples, window.steps = (
+                state["loss"],
+                state["samples"],
+                state["steps"],
+            )
+            window.extra = dict(state["extra"])
+        return window
+
     def metrics(self, world_size: int) -> dict[str, float]:
         return {
             "train_loss": self.loss / self.steps,

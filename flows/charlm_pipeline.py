@@ -190,6 +190,8 @@ def charlm_job(
         keep_last=params.keep_last,
         run=run,
         speed=SpeedSettings(params.precision, pin_memory=params.pin_memory, compile=params.compile),
+        checkpoint_every_steps=params.checkpoint_every_steps,
+        checkpoint_every_s=params.checkpoint_every_s,
     )
 
 

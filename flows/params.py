@@ -26,6 +26,7 @@ from pydantic import (
 
 from ddpflow.batching import MAX_EPOCHS, MAX_SEED
 from ddpflow.redact import has_credentials, redact_text, redact_url
+from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
 
 # A rank that makes no progress for a week is stuck; past this, timedelta overflows and
 # torch.distributed cannot represent the timeout at all.
@@ -40,6 +41,11 @@ NumLayers = Annotated[int, Field(ge=1, le=64)]
 Dropout = Annotated[float, Field(ge=0, lt=1)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 KeepLast = Annotated[int, Field(ge=1)]
+# Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns each trigger off.
+CheckpointEverySteps = Annotated[int, Field(ge=0, description="0: no step-count checkpoints")]
+CheckpointEveryS = Annotated[
+    float, Field(ge=0, le=MAX_RANK_TIMEOUT_S, description="0: no time-based checkpoints")
+]
 RankTimeout = Annotated[float, Field(gt=0, le=MAX_RANK_TIMEOUT_S)]
 Name = Annotated[str, Field(min_length=1)]
 # Speed settings (ddpflow.speed): "auto" picks per device on each rank (fp32, no
@@ -77,6 +83,10 @@ FIXES = {
     "world_size": "pass a positive number of ranks, or leave it unset for every worker",
     "min_workers": "pass a positive number of ranks, at most world_size",
     "keep_last": "pass a positive number of checkpoints to keep",
+    "checkpoint_every_steps": "pass a whole number of steps, 0 or more (0: none by step count)",
+    "checkpoint_every_s": (
+        f"pass seconds from 0 to {MAX_RANK_TIMEOUT_S:g}, e.g. 600 (0: no time-based checkpoints)"
+    ),
     "target_loss": "pass a validation loss above 0, e.g. 2.0, or leave it unset",
     "target_accuracy": "pass an accuracy above 0 and at most 1, e.g. 0.9, or leave it unset",
     "precision": "pass auto (bf16 on GPUs, fp32 on CPU), fp32, bf16 or fp16",
@@ -121,6 +131,8 @@ class CharLMParams(_Params):
     seed: Seed
     holdout_fraction: Fraction
     keep_last: KeepLast
+    checkpoint_every_steps: CheckpointEverySteps = 0
+    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
     num_names: int = Field(ge=0, le=10_000)
     rank_timeout_s: RankTimeout
     model_name: Name
@@ -226,6 +238,8 @@ class ImageParams(_Params):
     max_bad_fraction: float = Field(ge=0, lt=1)
     max_image_mb: float = Field(default=20.0, gt=0, le=1024, description="cap per image file")
     keep_last: KeepLast
+    checkpoint_every_steps: CheckpointEverySteps = 0
+    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
     rank_timeout_s: RankTimeout
     max_restarts: int = Field(default=2, ge=0, le=100)
     model_name: Name

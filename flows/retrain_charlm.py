@@ -36,6 +36,8 @@ def retrain_charlm(
     seed: int = 0,
     holdout_fraction: float = 0.1,
     keep_last: int = 3,
+    checkpoint_every_steps: int = 0,
+    checkpoint_every_s: float = 600.0,
     num_names: int = 10,
     rank_timeout_s: float = 120.0,
     model_name: str = "ddpflow-charlm",

@@ -103,6 +103,8 @@ def train_images(
     max_bad_fraction: float = 0.01,
     max_image_mb: float = 20.0,
     keep_last: int = 3,
+    checkpoint_every_steps: int = 0,
+    checkpoint_every_s: float = 600.0,
     rank_timeout_s: float = 120.0,
     max_restarts: int = 2,
     model_name: str = "ddpflow-images",
@@ -260,6 +262,8 @@ def image_job(
         speed=SpeedSettings(
             params.precision, params.channels_last, params.pin_memory, params.compile
         ),
+        checkpoint_every_steps=params.checkpoint_every_steps,
+        checkpoint_every_s=params.checkpoint_every_s,
     )
 
 

@@ -11,9 +11,16 @@ from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.vocab import CONTEXT_LEN
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
+from ddpflow.checkpoint import (
+    CheckpointStore,
+    build_state,
+    encode,
+    record_checkpoint,
+    resume_position,
+)
 from ddpflow.distributed.context import RankContext
 from ddpflow.speed import PLAIN, SpeedSettings, announce
+from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking_spool import Unsent
@@ -37,6 +44,9 @@ class CharLMTrainJob:
     run: RunRef
     log_every_steps: int = 20
     speed: SpeedSettings = PLAIN
+    # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -51,9 +61,10 @@ class TrainResult:
 def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     """Train, or resume from the latest complete checkpoint after a restart.
 
-    Resuming is exact: the data order is a function of (seed, epoch) and fit() reseeds the
-    dropout RNG from (seed, rank, epoch) at every epoch start, so weights, optimizer state and
-    the epoch number are all a checkpoint at an epoch boundary needs.
+    Resuming is exact, from an epoch's end or from inside an epoch: the data order is a
+    function of (seed, epoch, world size) and fit() reseeds the dropout RNG from (seed, rank,
+    epoch, step) before every step, so weights, optimizer state and the position (epoch,
+    steps done, the epoch's partial loss sums) are all a checkpoint needs.
     """
     speed = job.speed.resolve(ctx.device)  # a setting this device cannot run fails here
     torch.manual_seed(job.seed)  # same initial weights on every rank
@@ -62,7 +73,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     speed.check_runs(model, probe, probe)  # before any checkpoint is read or written
     optimizer = torch.optim.Adam(model.parameters(), lr=job.lr)
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
-    start_epoch = resume(store, model, optimizer, speed)
+    start_epoch, position, _ = resume_position(store, model, optimizer, speed)
     ddp_model = DistributedDataParallel(
         model, device_ids=[0] if ctx.device.type == "cuda" else None
     )
@@ -72,7 +83,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
     )
     announce(speed, ctx, logger)
 
-    def save_checkpoint(epoch: int) -> None:
+    def save_checkpoint(epoch: int, position: EpochPosition | None = None) -> None:
         state = build_state(
             model,
             optimizer,
@@ -82,14 +93,20 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 "lr": job.lr,
                 "batch_size": job.batch_size,
                 "seed": job.seed,
-                # Where training stands: the next epoch starts at step 0 and its order is
-                # epoch_batches(seed, epoch, rank, world_size); RNG is reseeded per epoch.
-                "step_in_epoch": 0,
+                # Where training stands: epoch `epoch` (0-based) goes on at this step, in
+                # the order epoch_batches(seed, epoch, rank, world_size); RNG is reseeded
+                # per step. "position" (inside an epoch only) has the rest.
+                "step_in_epoch": position.step if position else 0,
                 "data_order": {"seed": job.seed, "next_epoch": epoch, "world_size": ctx.world_size},
             },
             speed=speed,
         )
-        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
+        if position is not None:
+            state["position"] = position.to_dict()
+        step = position.step if position else None
+        uri = store.save_encoded(epoch, data := encode(state), step)
+        if position is None:  # a copy of every step checkpoint would pile up in MLflow
+            record_checkpoint(logger, uri, data)
 
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(
@@ -108,6 +125,10 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
                 start_epoch=start_epoch,
                 log_every_steps=job.log_every_steps,
                 progress_topic=progress_topic(job.run.run_id),
+                checkpoints=CheckpointSchedule(
+                    job.checkpoint_every_steps, job.checkpoint_every_s, job.log_every_steps
+                ),
+                resume_at=position,
             ),
             hooks=FitHooks(speed=speed),
         )

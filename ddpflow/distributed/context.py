@@ -50,12 +50,13 @@ class RankContext:
         """Rank 0 owns IO: MLflow logging and checkpoint writes."""
         return self.rank == 0
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, step: int | None = None) -> None:
         """Note progress: call after each training step, and inside any long phase between
         steps (validation). A rank without one for longer than the group's timeout fails the
-        group. A dict write on this worker, no network: cheap enough for every step."""
+        group. A dict write on this worker, no network: cheap enough for every step.
+        `step`: the global training step just done, kept for watchdog.rank_steps()."""
         if self.launch_id is not None:
-            watchdog.heartbeat(self.launch_id, self.rank)
+            watchdog.heartbeat(self.launch_id, self.rank, step)
 
     def report(self, message: str) -> None:
         """A progress line for whoever launched the group (the flow's log), sent as a Dask

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import distributed
 
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
+from ddpflow.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, SIGTERM_CAUSE
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -122,6 +123,7 @@ def launch_with_restarts(
                 ) from error
             log.warning("DDP group failed (%s); healing the cluster and restarting", error)
             started = time.monotonic()
+            _wait_for_leavers(client, error)
             restarted = heal(client, heal_timeout_s)
             size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
             restart = Restart(
@@ -152,6 +154,15 @@ def _raise_if_repeated(error: LaunchError, previous: set[str], attempt: int) -> 
             f"training started, so restarting will not help; fix the cause: {repeated[0]})",
             error.failures,
         ) from error
+
+
+def _wait_for_leavers(client: distributed.Client, error: LaunchError) -> None:
+    """Wait until the workers sent SIGTERM are gone: each exits once its rank has stopped
+    (ddpflow.graceful_stop), and a relaunch that took it again would fail when it does."""
+    leaving = {f.worker_address for f in error.failures if SIGTERM_CAUSE in f.cause}
+    deadline = time.monotonic() + DEFAULT_GRACE_S + RESULT_DELAY_S + 5
+    while leaving & set(cluster_workers(client)) and time.monotonic() < deadline:
+        time.sleep(0.25)
 
 
 def heal(client: distributed.Client, timeout_s: float) -> list[str]:

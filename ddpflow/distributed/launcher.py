@@ -46,6 +46,7 @@ from ddpflow.distributed.watchdog import (
     rank_started,
     unbind_thread,
 )
+from ddpflow.graceful_stop import GracefulStop, rank_running
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -78,6 +79,8 @@ def launch(
     `on_progress` gets each line a rank sends with `ctx.report()`, in order, in this process
     (e.g. the flow's run logger): training is otherwise silent in the flow's log.
     """
+    # Once per cluster: a worker sent SIGTERM checkpoints at its next step before it exits.
+    client.register_plugin(GracefulStop())
     available = cluster_workers(client)
     if workers is not None:
         missing = sorted(set(workers) - set(available))
@@ -178,7 +181,7 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
     distributed.Event(started_event(spec.launch_id, spec.rank), client=worker_client).set()
     # One intra-op thread per worker thread: more oversubscribes the cores (30x slower).
     torch.set_num_threads(max(1, num_threads))
-    with process_group(spec) as ctx:
+    with rank_running(), process_group(spec) as ctx:
         # The rendezvous may take up to the timeout by itself: the first step is due within
         # the timeout of the group forming.
         rank_started(spec.launch_id, spec.rank)

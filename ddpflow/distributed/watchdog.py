@@ -29,6 +29,8 @@ MAX_KEPT = 64  # rank records kept per worker process (one per rank it ran)
 class _Progress:
     last: float  # time.monotonic() of the rank's start or its latest heartbeat
     beats: int = 0
+    first_step: int | None = None  # global training steps this attempt of the rank did
+    last_step: int | None = None
 
 
 _ranks: dict[tuple[str, int], _Progress] = {}  # worker-local: (launch id, rank) -> progress
@@ -86,12 +88,22 @@ def rank_started(launch_id: str, rank: int) -> None:
     _ranks[(launch_id, rank)] = _Progress(time.monotonic())
 
 
-def heartbeat(launch_id: str, rank: int) -> None:
+def heartbeat(launch_id: str, rank: int, step: int | None = None) -> None:
     """On the worker: the rank made progress (a training step, a validation batch)."""
     progress = _ranks.get((launch_id, rank))
     if progress is not None:
         progress.last = time.monotonic()
         progress.beats += 1
+        if step is not None:
+            progress.first_step = step if progress.first_step is None else progress.first_step
+            progress.last_step = step
+
+
+def rank_steps() -> list[tuple[str, int, int | None, int | None]]:
+    """On the worker: (launch id, rank, first step, last step) of each rank it ran, oldest
+    first. What an attempt did before it failed, and where the next one started: the
+    work a failure cost is their difference."""
+    return [(lid, r, p.first_step, p.last_step) for (lid, r), p in _ranks.items()]
 
 
 def rank_progress(launch_id: str) -> dict[int, tuple[float, int]]:

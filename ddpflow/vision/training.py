@@ -12,9 +12,16 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint, resume
+from ddpflow.checkpoint import (
+    CheckpointStore,
+    build_state,
+    encode,
+    record_checkpoint,
+    resume_position,
+)
 from ddpflow.distributed.context import RankContext
 from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
+from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking_spool import Unsent
@@ -52,6 +59,9 @@ class ImageTrainJob:
     log_every_steps: int = 5
     eval_batch_size: int = 256
     speed: SpeedSettings = PLAIN
+    # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
 
 
 @dataclass(frozen=True)
@@ -114,19 +124,24 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
     )
     store = CheckpointStore(job.checkpoint_root, job.keep_last)
     # After a restart: continue from the latest complete checkpoint (scheduler included).
-    start_epoch = resume(store, built.model, optimizer, built.speed)
+    start_epoch, position, state = resume_position(store, built.model, optimizer, built.speed)
     announce(built.speed, ctx, logger)
-    if start_epoch:
-        scheduler.load_state_dict(store.load()["scheduler_state"])
+    if state is not None:
+        scheduler.load_state_dict(state["scheduler_state"])
     train, val = load_split(job.train_uri), load_split(job.val_uri)
 
-    def save_checkpoint(epoch: int) -> None:
+    def save_checkpoint(epoch: int, position: EpochPosition | None = None) -> None:
         extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
         state = build_state(
             built.model, optimizer, epoch, job.model.to_dict(), extra=extra, speed=built.speed
         )
         state["scheduler_state"] = scheduler.state_dict()
-        record_checkpoint(logger, store.save_encoded(epoch, data := encode(state)), data)
+        if position is not None:  # inside an epoch: fit() goes on from there
+            state["position"] = position.to_dict()
+        step = position.step if position else None
+        uri = store.save_encoded(epoch, data := encode(state), step)
+        if position is None:  # a copy of every step checkpoint would pile up in MLflow
+            record_checkpoint(logger, uri, data)
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         lr = optimizer.param_groups[0]["lr"]
@@ -145,6 +160,10 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         start_epoch=start_epoch,
         log_every_steps=job.log_every_steps,
         progress_topic=progress_topic(job.run.run_id),
+        checkpoints=CheckpointSchedule(
+            job.checkpoint_every_steps, job.checkpoint_every_s, job.log_every_steps
+        ),
+        resume_at=position,
     )
     # fit() slices its data by sample index; the images stay in `train` and `val`.
     indices = torch.arange(len(train.labels)), torch.arange(len(val.labels))

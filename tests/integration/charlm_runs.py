@@ -37,7 +37,7 @@ def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
 
 
 # Two layers with dropout: the LSTM draws dropout masks between its layers, so a resume is
-# exact only if the RNG is reseeded per epoch (one layer would draw nothing at all).
+# exact only if the RNG is reseeded per step (one layer would draw nothing at all).
 TINY = [
     "--source",
     str(small_corpus()),
@@ -60,9 +60,14 @@ TINY = [
 ]
 
 
-def wait_for_checkpoint(project: Path, epoch: int, proc: subprocess.Popen, timeout_s=300) -> None:
+def wait_for_checkpoint(
+    project: Path, epoch: int, proc: subprocess.Popen, timeout_s=300, step: bool = False
+) -> None:
+    """Until the checkpoint after `epoch` epochs exists; step=True: one inside the next
+    epoch (a step checkpoint, epoch-NNNN.step-SSSSSSSS.pt)."""
     deadline = time.monotonic() + timeout_s
-    pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}.pt"
+    inside = ".step-*" if step else ""
+    pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}{inside}.pt"
     while not list(project.glob(pattern)):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}"

@@ -1,7 +1,8 @@
-"""Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed or
-SIGSTOPped while the flow trains on them (the flow connects via DDPFLOW_DASK_ADDRESS), and the
-run must finish with exactly the weights of an uninterrupted run. The trainings use two LSTM
-layers with dropout (charlm_runs.TINY), so the exact resume depends on the per-epoch reseed."""
+"""Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed,
+SIGSTOPped or sent SIGTERM while the flow trains on them (the flow connects via
+DDPFLOW_DASK_ADDRESS), and the run must finish with exactly the weights of an uninterrupted
+run. The trainings use two LSTM layers with dropout (charlm_runs.TINY), so the exact resume
+depends on the per-step reseed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow import graceful_stop
 from ddpflow.cluster import local_cluster
+from ddpflow.distributed import watchdog
 from infra.services import free_port, start_prefect_server, stop
 from tests.integration.charlm_runs import (
     EPOCHS,
@@ -155,6 +158,102 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     _, row = assert_restart_recorded(cluster, tmp_path)
     assert row[1] == "2", "the relaunch took both workers again"
     assert row[2] == "-", "no worker hung: the nanny replaced the dead one by itself"
+
+
+STEP_EVERY = 5  # --checkpoint-every-steps of the mid-epoch kill
+
+
+def resumed_inside_epoch(output: str) -> tuple[int, int, int]:
+    """(epoch, step, steps per epoch) the relaunched rank 0 resumed at, from the flow's log."""
+    found = re.findall(r"resuming at epoch (\d+)/\d+, step (\d+)/(\d+)", output)
+    assert len(found) == 1, f"one resume inside an epoch expected, found {found}: {output[-3000:]}"
+    epoch, step, steps = (int(n) for n in found[0])
+    return epoch, step, steps
+
+
+def steps_redone(client: distributed.Client) -> int:
+    """Global steps the killed attempt had done past the step the relaunch started from, as
+    the ranks noted them on the surviving worker (watchdog.rank_steps, oldest first): its
+    last two records are the killed attempt's (from step 1) and the relaunch's. The
+    restarted worker is a new process with the relaunch's record only."""
+    answers = client.run(watchdog.rank_steps)
+    survivors = [
+        (killed, resumed)
+        for *_, killed, resumed in (r for r in answers.values() if len(r) >= 2)
+        if killed[0] != resumed[0] and killed[2] == 1 and resumed[2] > 1
+    ]
+    assert len(survivors) == 1, answers
+    ((killed, resumed),) = survivors
+    return killed[3] - (resumed[2] - 1)
+
+
+# docs/fault-tolerance.md: with step checkpoints, a worker killed mid-epoch costs fewer than
+# checkpoint_every_steps steps, and the resume is exact. The reference run has no step
+# checkpoints: the weights do not depend on where checkpoints fall (per-step reseed).
+def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
+    cluster, charlm_reference, charlm_reference_project, tmp_path
+):
+    proc = start_flow(tmp_path, cluster, "--checkpoint-every-steps", str(STEP_EVERY))
+    wait_for_checkpoint(tmp_path, 1, proc, step=True)  # inside epoch 2
+    time.sleep(0.15)  # a few steps (30-60 ms each here) past the checkpoint: redone
+    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    epoch, step, steps_per_epoch = resumed_inside_epoch(output)
+    assert epoch == 2 and 0 < step < steps_per_epoch and step % STEP_EVERY == 0, (epoch, step)
+    redone = steps_redone(cluster["client"])
+    print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
+    assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
+    client, run = the_run(tmp_path)
+    copies = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+    assert copies == [f"checkpoints/epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)], (
+        "only epoch checkpoints are copied into MLflow"
+    )
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
+    assert_same_metrics(tmp_path, charlm_reference_project)
+
+
+def process_gone(pid: int, timeout_s: float) -> bool:
+    """The process exited within `timeout_s` (a zombie its nanny has not reaped counts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+# docs/fault-tolerance.md: a worker sent SIGTERM makes its group checkpoint at the next control
+# step, its process exits, and the run resumes from that step, not from the epoch's start.
+def test_sigterm_to_a_worker_checkpoints_at_the_next_step_and_resumes_there(
+    cluster, charlm_reference, charlm_reference_project, tmp_path
+):
+    proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stop
+    wait_for_checkpoint(tmp_path, 1, proc)
+    time.sleep(0.5)  # into epoch 2
+    address, pid = worker(cluster["client"], 1)
+    sent = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    assert process_gone(pid, graceful_stop.DEFAULT_GRACE_S + 5), "the worker did not exit"
+    print(f"the worker exited {time.monotonic() - sent:.1f} s after SIGTERM")
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert_completed_once_with_one_restart(tmp_path, output)
+    cause, _ = assert_restart_recorded(cluster, tmp_path)
+    assert f"worker {address} asked to stop (SIGTERM)" in cause, cause
+    epoch, step, steps_per_epoch = resumed_inside_epoch(output)
+    print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}")
+    # fit() reads the request at its control points: every log_every_steps (20) steps.
+    assert epoch == 2 and step > 0 and step % 20 == 0, (epoch, step)
+    assert steps_redone(cluster["client"]) == 0, "the group stopped at its checkpoint's step"
+    assert_same_weights(final_weights(tmp_path), charlm_reference)
+    assert_same_metrics(tmp_path, charlm_reference_project)
 
 
 # docs/fault-tolerance.md: a hung worker is detected by the rank timeout, restarted, and the

@@ -57,6 +57,9 @@ def test_parameters_are_frozen() -> None:
         ("dropout", 1.0),
         ("world_size", 0),
         ("keep_last", 0),
+        ("checkpoint_every_steps", -1),
+        ("checkpoint_every_steps", 2.5),
+        ("checkpoint_every_s", -1.0),
         ("seed", -1),
         ("num_layers", 65),
         ("epochs", "many"),
@@ -116,3 +119,29 @@ def test_speed_settings_default_to_auto_and_take_cli_text() -> None:
     assert (text.pin_memory, text.precision) == (False, "bf16")
     with pytest.raises(ParameterError, match=r"precision='fp8'.*pass auto .*fp32, bf16 or fp16"):
         validate_params(CharLMParams, {**VALID, "precision": "fp8"})
+
+
+# docs/configuration.md: step checkpoints default to every 600 s and no step count, the same
+# in every training flow that offers them and in the validated parameters.
+def test_checkpoint_interval_defaults_agree_with_the_flows() -> None:
+    import inspect
+
+    from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
+    from flows.params import ImageParams
+    from flows.retrain_charlm import retrain_charlm
+    from flows.train_charlm import train_charlm
+    from flows.train_images import train_images
+
+    params = validate_params(CharLMParams, dict(VALID))
+    assert (params.checkpoint_every_steps, params.checkpoint_every_s) == (0, 600.0)
+    assert DEFAULT_CHECKPOINT_EVERY_S == 600.0
+    models = {train_charlm: CharLMParams, retrain_charlm: CharLMParams, train_images: ImageParams}
+    for flow, model in models.items():
+        signature = inspect.signature(flow.fn).parameters
+        for name in ("checkpoint_every_steps", "checkpoint_every_s"):
+            assert signature[name].default == model.model_fields[name].default, (flow, name)
+
+
+def test_a_nan_checkpoint_interval_is_refused_with_the_fix() -> None:
+    with pytest.raises(ParameterError, match=r"checkpoint_every_s=nan: .*e\.g\. 600"):
+        validate_params(CharLMParams, {**VALID, "checkpoint_every_s": float("nan")})

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow import train_loop
+from ddpflow import fit_progress
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking import NullLogger
 from ddpflow.train_loop import FitPlan, fit
@@ -43,7 +43,7 @@ def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[st
     clock = SimpleNamespace(now=0.0)
     # Only the progress clock is faked; perf_counter (epoch times) stays real.
     fake_time = SimpleNamespace(monotonic=lambda: clock.now, perf_counter=time.perf_counter)
-    monkeypatch.setattr(train_loop, "time", fake_time)
+    monkeypatch.setattr(fit_progress, "time", fake_time)
     torch.manual_seed(0)
     data = torch.randn(48, 2)
 
