@@ -115,8 +115,7 @@ class BackgroundMlflowLogger:
     ):
         self._logger = MlflowLogger(run)
         self._close_timeout_s = flush_timeout_s() if close_timeout_s is None else close_timeout_s
-        folder = Path(spool_dir) if spool_dir else Path(tempfile.mkdtemp(prefix="ddpflow-spool-"))
-        self.spool = Spool(folder, max_spool_bytes or spool_max_bytes())
+        self.spool = _open_spool(spool_dir, max_spool_bytes or spool_max_bytes())
         self._retry_max_s = retry_max_s
         self._logged_before: dict[str, int] = {}  # key -> last step MLflow holds
         self._wake = threading.Event()  # a call was added, or close() began
@@ -252,6 +251,20 @@ def spool_folder(checkpoint_root: str, run_id: str) -> Path:
     else:
         local = Path(tempfile.gettempdir()) / "ddpflow-tracking-spool" / run_id
     return local / "tracking-spool" / attempt
+
+
+def _open_spool(spool_dir: str | Path | None, max_bytes: int) -> Spool:
+    """The spool in `spool_dir`, or in a temporary folder when there is none or it cannot
+    be created there (e.g. a run folder the store refuses): where the calls wait must
+    never be what stops a training, and the checkpoint write reports that store itself."""
+    if spool_dir is not None:
+        try:
+            return Spool(Path(spool_dir), max_bytes)
+        except OSError as error:
+            log.warning(
+                "cannot keep logging calls in %s (%s): using a temporary folder", spool_dir, error
+            )
+    return Spool(Path(tempfile.mkdtemp(prefix="ddpflow-spool-")), max_bytes)
 
 
 def logger_for_rank(

@@ -173,3 +173,15 @@ def test_a_bad_bound_names_the_variable_and_the_fix(monkeypatch, name, read):
         read()
     monkeypatch.setenv(name, "0.5")
     assert read() > 0
+
+
+def test_a_spool_folder_that_cannot_be_made_falls_back_to_a_temporary_one(tmp_path, caplog):
+    """A run folder where `runs` is a file (the store refuses it): logging still works; the
+    checkpoint write is what reports the store."""
+    from ddpflow.metric_loggers import _open_spool
+
+    (tmp_path / "runs").write_text("not a folder")
+    wanted = tmp_path / "runs" / "abc" / "tracking-spool" / "1"
+    spool = _open_spool(wanted, 1024)
+    assert spool.folder != wanted and spool.folder.is_dir()
+    assert "cannot keep logging calls in" in caplog.text
