@@ -19,13 +19,7 @@ from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
-from ddpflow.tracking import (
-    RunRef,
-    default_artifact_location,
-    end_run,
-    failed_on_error,
-    start_run,
-)
+from ddpflow.tracking import RunRef, default_artifact_location, end_run, failed_on_error, start_run
 from ddpflow.tracking_spool import Unsent
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import CharLMParams

@@ -15,13 +15,7 @@ from ddpflow.config import Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
-from ddpflow.tracking import (
-    RunRef,
-    default_artifact_location,
-    end_run,
-    failed_on_error,
-    start_run,
-)
+from ddpflow.tracking import RunRef, default_artifact_location, end_run, failed_on_error, start_run
 from ddpflow.tracking_spool import Unsent
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
