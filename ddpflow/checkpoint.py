@@ -217,3 +217,23 @@ def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
             f.write(data)
         logger.log_artifact(path, "checkpoints", origin=uri)
     logger.set_tags({LATEST_CHECKPOINT_TAG: uri})
+
+
+def write_checkpoint(
+    store: CheckpointStore,
+    logger: MetricLogger,
+    epoch: int,
+    state: dict[str, Any],
+    position: EpochPosition | None = None,
+) -> str:
+    """A workload's checkpoint: `epoch` epochs done, plus `position` inside the next one.
+
+    Epoch-end checkpoints are also copied into the MLflow run; step checkpoints are not, as
+    nothing would prune their copies there.
+    """
+    if position is not None:
+        state["position"] = position.to_dict()
+    uri = store.save_encoded(epoch, data := encode(state), position.step if position else None)
+    if position is None:
+        record_checkpoint(logger, uri, data)
+    return uri

@@ -11,13 +11,7 @@ from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.vocab import CONTEXT_LEN
-from ddpflow.checkpoint import (
-    CheckpointStore,
-    build_state,
-    encode,
-    record_checkpoint,
-    resume_position,
-)
+from ddpflow.checkpoint import CheckpointStore, build_state, resume_position, write_checkpoint
 from ddpflow.distributed.context import RankContext
 from ddpflow.speed import PLAIN, SpeedSettings, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
@@ -101,12 +95,7 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
             },
             speed=speed,
         )
-        if position is not None:
-            state["position"] = position.to_dict()
-        step = position.step if position else None
-        uri = store.save_encoded(epoch, data := encode(state), step)
-        if position is None:  # a copy of every step checkpoint would pile up in MLflow
-            record_checkpoint(logger, uri, data)
+        write_checkpoint(store, logger, epoch, state, position)
 
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(

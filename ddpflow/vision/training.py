@@ -12,13 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ddpflow.checkpoint import (
-    CheckpointStore,
-    build_state,
-    encode,
-    record_checkpoint,
-    resume_position,
-)
+from ddpflow.checkpoint import CheckpointStore, build_state, resume_position, write_checkpoint
 from ddpflow.distributed.context import RankContext
 from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
@@ -136,12 +130,7 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
             built.model, optimizer, epoch, job.model.to_dict(), extra=extra, speed=built.speed
         )
         state["scheduler_state"] = scheduler.state_dict()
-        if position is not None:  # inside an epoch: fit() goes on from there
-            state["position"] = position.to_dict()
-        step = position.step if position else None
-        uri = store.save_encoded(epoch, data := encode(state), step)
-        if position is None:  # a copy of every step checkpoint would pile up in MLflow
-            record_checkpoint(logger, uri, data)
+        write_checkpoint(store, logger, epoch, state, position)
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         lr = optimizer.param_groups[0]["lr"]
