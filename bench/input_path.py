@@ -53,6 +53,7 @@ from ddpflow.charlm.corpus import load_names
 from ddpflow.charlm.formatting import format_names, one_hot, split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
+from ddpflow.samples import TensorSamples
 from ddpflow.tracking import NullLogger
 from ddpflow.train_loop import FitPlan, fit
 
@@ -91,7 +92,14 @@ def _ddpflow_round(
 ) -> float:
     plan = FitPlan(epochs=epoch + 1, batch_size=cfg.batch_size, seed=0, start_epoch=epoch)
     stats = fit(
-        model, optimizer, windows, windows[:64], split_xy, ctx, NullLogger(), _no_save, plan
+        model=model,
+        optimizer=optimizer,
+        train=TensorSamples(windows, split_xy),
+        val=TensorSamples(windows[:64], split_xy),
+        ctx=ctx,
+        logger=NullLogger(),
+        save_checkpoint=_no_save,
+        plan=plan,
     )
     return stats[-1].samples_per_s
 

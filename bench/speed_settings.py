@@ -32,6 +32,7 @@ from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.distributed.context import RankContext
 from ddpflow.metric_loggers import NullLogger
+from ddpflow.samples import TensorSamples
 from ddpflow.speed import SpeedError, SpeedSettings
 from ddpflow.train_loop import FitHooks, FitPlan, fit
 from ddpflow.vision.model import build_resnet
@@ -93,16 +94,15 @@ def _prepare(settings: SpeedSettings, factory, probe, images: bool) -> tuple[Any
 def _epoch_rate(prepared, data, to_batch, batch: int) -> float:
     model, optimizer, speed = prepared
     (stats,) = fit(
-        model,
-        optimizer,
-        data,
-        data[:1],
-        to_batch,
-        CPU,
-        NullLogger(),
-        lambda epoch: None,
-        FitPlan(epochs=1, batch_size=batch, seed=0, log_every_steps=10**6),
-        FitHooks(evaluate=lambda m: {"val_loss": 0.0}, speed=speed),
+        model=model,
+        optimizer=optimizer,
+        train=TensorSamples(data, to_batch),
+        val=TensorSamples(data[:1], to_batch),
+        ctx=CPU,
+        logger=NullLogger(),
+        save_checkpoint=lambda epoch: None,
+        plan=FitPlan(epochs=1, batch_size=batch, seed=0, log_every_steps=10**6),
+        hooks=FitHooks(evaluate=lambda m: {"val_loss": 0.0}, speed=speed),
     )
     return stats.samples_per_s
 

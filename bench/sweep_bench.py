@@ -25,7 +25,7 @@ import torch
 from bench.common import stop_cleanly_on_sigterm
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus, format_corpus
-from ddpflow.charlm.training import CharLMTrainJob, TrainResult
+from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.cluster import local_cluster
 from ddpflow.distributed import RankSpec, cluster_workers, launch
 from ddpflow.distributed.context import find_free_port, process_group
@@ -40,6 +40,7 @@ from ddpflow.sweep import (
     trial_rank,
 )
 from ddpflow.tracking import start_run
+from ddpflow.train_loop import TrainResult
 
 TIMEOUT_S = 600.0
 

@@ -37,9 +37,6 @@ from ddpflow.tracking import MetricLogger
 FORMAT_VERSION = 1
 LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
 POINTER_NAME = "latest.json"
-# Rank 0 gives up this long before the other ranks' wait for it would time out, so the run
-# fails with the store named rather than with a rank declared hung.
-PEER_MARGIN_S = 15.0
 log = logging.getLogger(__name__)
 
 
@@ -145,20 +142,12 @@ class CheckpointStore:
 def _outage_tolerant_writer() -> Callable[[str, bytes], None]:
     """storage.write_bytes retried through a store outage, all calls within one window.
 
-    The window is DDPFLOW_STORE_OUTAGE_S, cut short in a group of several ranks where the
-    others would stop waiting for this one first (peers_wait_left). Between attempts this
-    rank beats, so the launcher's watchdog does not take the outage for a hang.
+    The window is DDPFLOW_STORE_OUTAGE_S. Between attempts this rank beats, so the
+    launcher's watchdog does not take the outage for a hang; the other ranks of its group
+    wait for it beating too (RankContext.rank0_io), so the window holds in a group as well.
     """
     bound = store_outage_s()
     hint = f"raise {STORE_OUTAGE_ENV} (now {bound:g} s) to wait longer"
-    peers_left = watchdog.peers_wait_left()
-    if peers_left is not None and peers_left - PEER_MARGIN_S < bound:
-        bound = max(0.0, peers_left - PEER_MARGIN_S)
-        hint = (
-            "the other ranks wait for rank 0 at most rank_timeout_s from their last step, "
-            f"so rank 0 waited only {bound:.0f} s: raise rank_timeout_s (and "
-            f"{STORE_OUTAGE_ENV}) to wait longer"
-        )
     deadline = time.monotonic() + bound
 
     def write(uri: str, data: bytes) -> None:

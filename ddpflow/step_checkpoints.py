@@ -13,7 +13,7 @@ default, every `every_s` seconds, and a run resumes from the middle of an epoch 
 - the epoch's partial loss sums (every rank's) and rank 0's logging window are in the
   checkpoint, so the epoch mean and the per-step log lines repeat the uninterrupted run's.
 
-Ranks must agree on the step to checkpoint at (rank 0 writes, the others wait at a barrier).
+Ranks must agree on the step to checkpoint at (rank 0 writes, the others wait for it).
 A step count agrees by itself; a time limit, which each rank measures on its own clock, is
 agreed on by a small MAX all-reduce at control points (every `control_every` steps). The same
 all-reduce carries a stop request (ddpflow.graceful_stop: a worker sent SIGTERM): the group
@@ -165,14 +165,10 @@ class StepCheckpointer:
 
     def write(self, ctx: RankContext, logger: MetricLogger, position: EpochPosition) -> None:
         """Called by every rank at the same step."""
-        if ctx.is_main:
-            flush_logger(logger)  # the steps before the checkpoint are never logged again
-            self.save(position.epoch, position)
-        barrier(ctx.world_size)  # nobody steps on before the checkpoint exists
+        with ctx.rank0_io("checkpoint"):  # nobody steps on before the checkpoint exists
+            if ctx.is_main:
+                flush_logger(logger)  # the steps before the checkpoint are never logged again
+                self.save(position.epoch, position)
         self.clock.written()
         ctx.heartbeat()
 
-
-def barrier(world_size: int) -> None:
-    if world_size > 1:
-        dist.barrier()

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, overload
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ddpflow.batching import MAX_SEED, epoch_batches
@@ -153,13 +152,12 @@ class TrainContext:
             raise ValueError(f"save_checkpoint(step={step}): step must be >= 1")
         if not objects:
             raise ValueError("save_checkpoint() got nothing to save: pass e.g. model=model")
-        if self.is_main:
-            states = {name: unwrap(obj).state_dict() for name, obj in objects.items()}
-            state = {"format_version": API_FORMAT_VERSION, "epoch": step, "states": states}
-            store.save_encoded(step, encode(state))
-            self._logger.set_tags({"ddpflow.latest_checkpoint": store.uri_for(step)})
-        if self.world_size > 1:
-            dist.barrier()
+        with self._rank_ctx.rank0_io("checkpoint"):
+            if self.is_main:
+                states = {name: unwrap(obj).state_dict() for name, obj in objects.items()}
+                state = {"format_version": API_FORMAT_VERSION, "epoch": step, "states": states}
+                store.save_encoded(step, encode(state))
+                self._logger.set_tags({"ddpflow.latest_checkpoint": store.uri_for(step)})
         self.heartbeat()
 
     def resume(self, **objects: Stateful) -> int:

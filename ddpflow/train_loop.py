@@ -24,21 +24,20 @@ from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.fit_progress import FitProgress
 from ddpflow.graceful_stop import StopRequested
+from ddpflow.samples import Samples
 from ddpflow.speed import TrainSpeed
 from ddpflow.step_checkpoints import (
     CheckpointClock,
     CheckpointSchedule,
     EpochPosition,
     StepCheckpointer,
-    barrier,
     gather_loss_sums,
     step_seed,
 )
 from ddpflow.tracking import MetricLogger, flush_logger
+from ddpflow.tracking_spool import Unsent
 from ddpflow.training_progress import StepReporter, StepWindow
 
-Batch = tuple[torch.Tensor, torch.Tensor]
-ToBatch = Callable[[torch.Tensor], Batch]
 Evaluate = Callable[[nn.Module], Mapping[str, float]]
 StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
 # save_checkpoint(epochs_done) at an epoch end, (epochs_done, position) inside an epoch.
@@ -70,6 +69,17 @@ class EpochStats:
 
 
 @dataclass(frozen=True)
+class TrainResult:
+    """What one rank of a workload's training returns (both built-in workloads)."""
+
+    rank: int
+    history: list[EpochStats]
+    latest_checkpoint: str | None  # rank 0's; None on the other ranks
+    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
+    unsent: tuple[Unsent, ...] = ()
+
+
+@dataclass(frozen=True)
 class FitHooks:
     """Optional additions to fit(). Each is called on every rank, so collectives are allowed.
 
@@ -91,11 +101,11 @@ class FitHooks:
 
 
 def fit(
+    *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    train_data: torch.Tensor,
-    val_data: torch.Tensor,
-    to_batch: ToBatch,
+    train: Samples,
+    val: Samples,
     ctx: RankContext,
     logger: MetricLogger,
     save_checkpoint: SaveCheckpoint,
@@ -104,12 +114,15 @@ def fit(
 ) -> list[EpochStats]:
     """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints.
 
+    Each rank trains on its part of `train` (ddpflow.samples: a count and `batch(index)`)
+    and validates on its shard of `val`.
+
     `save_checkpoint(epochs_done)` is called on rank 0 at each epoch end, and
     `save_checkpoint(epochs_done, position)` inside an epoch when plan.checkpoints says so.
     """
     hooks = hooks or FitHooks()
     history = []
-    steps_per_epoch = len(_batches(train_data, plan, ctx, 0))
+    steps_per_epoch = len(_batches(len(train), plan, ctx, 0))
     progress = FitProgress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
     position = plan.resume_at
     if position is not None and position.epoch != plan.start_epoch:
@@ -126,14 +139,13 @@ def fit(
     for epoch in range(plan.start_epoch, plan.epochs):
         started = time.perf_counter()
         train_loss, num_samples = _train_epoch(
-            model,
-            optimizer,
-            train_data,
-            to_batch,
-            ctx,
-            logger,
-            plan,
-            epoch,
+            model=model,
+            optimizer=optimizer,
+            data=train,
+            ctx=ctx,
+            logger=logger,
+            plan=plan,
+            epoch=epoch,
             first_step=epoch * steps_per_epoch,
             step_metrics=hooks.step_metrics,
             progress=progress,
@@ -143,7 +155,7 @@ def fit(
         )
         position = None
         elapsed = time.perf_counter() - started
-        val_metrics = _validate(model, val_data, to_batch, ctx, plan, hooks)
+        val_metrics = _validate(model, val, ctx, plan, hooks)
         val_loss = val_metrics.pop("val_loss")
         stats = EpochStats(
             epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed, val_metrics
@@ -152,24 +164,26 @@ def fit(
         progress.epoch_done(stats)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(stats)
-        if ctx.is_main:
-            flush_logger(logger)  # a resume never re-logs the epochs before its checkpoint
-            save_checkpoint(stats.epoch)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
-        barrier(ctx.world_size)
+        with ctx.rank0_io("checkpoint"):
+            if ctx.is_main:
+                flush_logger(logger)  # a resume never re-logs the epochs before its checkpoint
+                save_checkpoint(stats.epoch)
         clock.written()
         ctx.heartbeat()  # validation and the checkpoint write are done
         history.append(stats)
     return history
 
 
-def _validate(model, val_data, to_batch, ctx, plan, hooks: FitHooks) -> dict[str, float]:
+def _validate(
+    model: nn.Module, val: Samples, ctx: RankContext, plan: FitPlan, hooks: FitHooks
+) -> dict[str, float]:
     if hooks.evaluate is not None:
         metrics = dict(hooks.evaluate(unwrap(model)))
         if "val_loss" not in metrics:
             raise ValueError(f"FitHooks.evaluate must return 'val_loss', got {sorted(metrics)}")
         return metrics
-    return {"val_loss": evaluate_loss(unwrap(model), val_data, to_batch, ctx, plan.eval_batch_size)}
+    return {"val_loss": evaluate_loss(unwrap(model), val, ctx, plan.eval_batch_size)}
 
 
 def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
@@ -186,29 +200,30 @@ def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
 
 
 def _batches(
-    data: torch.Tensor, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
-) -> list:
+    num_samples: int, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
+) -> list[torch.Tensor]:
     return epoch_batches(
-        len(data), plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch, start
+        num_samples, plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch, start
     )
 
 
 def _train_epoch(
-    model,
-    optimizer,
-    data,
-    to_batch,
-    ctx,
-    logger,
-    plan,
-    epoch,
-    first_step,
-    step_metrics=None,
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Samples,
+    ctx: RankContext,
+    logger: MetricLogger,
+    plan: FitPlan,
+    epoch: int,
+    first_step: int,
+    step_metrics: StepMetrics | None = None,
     progress: FitProgress | None = None,
     resume_at: EpochPosition | None = None,
     checkpoints: StepCheckpointer | None = None,
     speed: TrainSpeed | None = None,
-):
+) -> tuple[float, int]:
+    """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks)."""
     speed = speed or TrainSpeed(device=ctx.device)
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
@@ -219,14 +234,14 @@ def _train_epoch(
         loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
         if ctx.is_main:  # rank 0's window: the next log line averages the same steps
             window = StepWindow.from_state(resume_at.window)
-    batches = _batches(data, plan, ctx, epoch, start)
+    batches = _batches(len(data), plan, ctx, epoch, start)
     end = done + len(batches)
     global_batch = plan.batch_size * ctx.world_size
     for i, index in enumerate(batches, start=done):
         # Dropout (any torch RNG use) depends only on (seed, rank, epoch, step): a resume
         # from any checkpoint, inside an epoch or at its end, repeats the same draws.
         torch.manual_seed(step_seed(plan.seed, ctx.rank, epoch, i))
-        x, y = to_batch(data[index])
+        x, y = data.batch(index)
         x, y = speed.to_device(x), speed.to_device(y)
         optimizer.zero_grad(set_to_none=True)
         with speed.autocast():
@@ -261,16 +276,14 @@ def _train_epoch(
 
 
 @torch.no_grad()
-def evaluate_loss(
-    model: nn.Module, data: torch.Tensor, to_batch: ToBatch, ctx: RankContext, batch_size: int
-) -> float:
+def evaluate_loss(model: nn.Module, data: Samples, ctx: RankContext, batch_size: int) -> float:
     """Mean per-symbol loss over `data`, each rank scoring its own shard."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64)
     index = shard(len(data), ctx.rank, ctx.world_size)
     for chunk in index.split(batch_size):
-        x, y = to_batch(data[chunk])
+        x, y = data.batch(chunk)
         _, loss = model(x.to(ctx.device), y.to(ctx.device))
         totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
         ctx.heartbeat()  # a long validation is progress too

@@ -17,6 +17,7 @@ from ddpflow.charlm.sampling import generate_names
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext
+from ddpflow.samples import TensorSamples
 from ddpflow.serving import register_checkpoint_model
 from ddpflow.tracking import RunRef
 from ddpflow.train_loop import evaluate_loss
@@ -46,7 +47,8 @@ def evaluate_checkpoint(
     """Validation loss on the holdout and names sampled with the tutorial's rule (see sampling)."""
     torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
     model, epoch = load_model(checkpoint_uri)
-    val_loss = evaluate_loss(model, load_windows(val_uri), split_xy, SINGLE, batch_size=8192)
+    val = TensorSamples(load_windows(val_uri), split_xy)
+    val_loss = evaluate_loss(model, val, SINGLE, batch_size=8192)
     names = generate_names(model, num_names, seed=seed)
     known = set(json.loads(storage.read_bytes(train_names_uri)))
     novel = sum(1 for n in names if n and n not in known) / max(1, len(names))

@@ -13,12 +13,12 @@ from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.checkpoint import CheckpointStore, build_state, resume_position, write_checkpoint
 from ddpflow.distributed.context import RankContext
+from ddpflow.samples import TensorSamples
 from ddpflow.speed import PLAIN, SpeedSettings, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
-from ddpflow.tracking_spool import Unsent
-from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
+from ddpflow.train_loop import FitHooks, FitPlan, TrainResult, fit
 from ddpflow.training_progress import progress_topic
 
 
@@ -41,15 +41,6 @@ class CharLMTrainJob:
     # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    rank: int
-    history: list[EpochStats]
-    latest_checkpoint: str | None
-    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
-    unsent: tuple[Unsent, ...] = ()
 
 
 def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
@@ -99,11 +90,10 @@ def train_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
 
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(
-            ddp_model,
-            optimizer,
-            train_data=load_windows(job.train_uri),
-            val_data=load_windows(job.val_uri),
-            to_batch=split_xy,
+            model=ddp_model,
+            optimizer=optimizer,
+            train=TensorSamples(load_windows(job.train_uri), split_xy),
+            val=TensorSamples(load_windows(job.val_uri), split_xy),
             ctx=ctx,
             logger=logger,
             save_checkpoint=save_checkpoint,

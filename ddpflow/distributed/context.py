@@ -8,15 +8,17 @@ init_process_group directly, and the group is destroyed in `finally` even on err
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from ddpflow.config import store_outage_s
 from ddpflow.distributed import watchdog
 from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
+from ddpflow.distributed.main_io import MainIO, rank0_io
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ class RankContext:
     # The Dask event topic the launcher follows for this group (None: nobody listens).
     progress_topic: str | None = None
     launch_id: str | None = None  # None: no launcher watches this rank's progress
+    # The group's store, through which the others wait for rank 0's IO (None: a plain
+    # barrier; a group of one, or one set up outside process_group()).
+    main_io: MainIO | None = None
 
     @property
     def is_main(self) -> bool:
@@ -57,6 +62,11 @@ class RankContext:
         `step`: the global training step just done, kept for watchdog.rank_steps()."""
         if self.launch_id is not None:
             watchdog.heartbeat(self.launch_id, self.rank, step)
+
+    def rank0_io(self, what: str) -> AbstractContextManager[None]:
+        """Around rank 0's IO (a checkpoint write), entered on every rank: nobody leaves
+        before it is done, and the others wait beating, however long rank 0 retries."""
+        return rank0_io(self.main_io, self.rank, self.world_size, what, self.heartbeat)
 
     def report(self, message: str) -> None:
         """A progress line for whoever launched the group (the flow's log), sent as a Dask
@@ -86,19 +96,33 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
     backend, options = spec.backend, None
     if spec.backend == "gloo" and spec.bind_host:
         backend, options = register_bound_gloo(), bound_gloo_options(spec.bind_host, timeout)
+    # The store the ranks meet through, made here as torch's tcp:// rendezvous makes it
+    # (rank 0 serves it), because the ranks also use it to wait for rank 0's IO (main_io).
+    store = dist.TCPStore(
+        spec.master_host,
+        spec.master_port,
+        spec.world_size,
+        is_master=spec.rank == 0,
+        timeout=timeout,
+        multi_tenant=True,
+    )
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{spec.master_host}:{spec.master_port}",
+        store=dist.PrefixStore("default_pg", store),  # the prefix tcp:// init adds too
         rank=spec.rank,
         world_size=spec.world_size,
         timeout=timeout,
         pg_options=options,
     )
+    # The others wait for rank 0 as long as it may retry a write, plus one group timeout.
+    main_io = MainIO(store, bound_s=store_outage_s() + spec.timeout_s)
     try:
         # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
         device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
         topic = progress_topic(spec.launch_id)
-        yield RankContext(spec.rank, spec.world_size, device, spec.backend, topic, spec.launch_id)
+        yield RankContext(
+            spec.rank, spec.world_size, device, spec.backend, topic, spec.launch_id, main_io
+        )
     finally:
         dist.destroy_process_group()
 

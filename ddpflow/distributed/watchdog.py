@@ -65,22 +65,6 @@ def beat_this_thread() -> None:
         heartbeat(binding.launch_id, binding.rank)
 
 
-def peers_wait_left() -> float | None:
-    """How many more seconds the other ranks can wait for this thread's rank.
-
-    They wait in a collective (gloo's timeout) and make no progress there (the watchdog's),
-    both bounded by the group's timeout since their last progress, which was about this
-    rank's (they left the same collective). None outside a group of more than one rank.
-    """
-    binding: _Binding | None = getattr(_this_thread, "binding", None)
-    if binding is None or binding.world_size < 2:
-        return None
-    progress = _ranks.get((binding.launch_id, binding.rank))
-    if progress is None:
-        return None
-    return binding.timeout_s - (time.monotonic() - progress.last)
-
-
 def rank_started(launch_id: str, rank: int) -> None:
     """On the worker: the rank begins (again); its first step is due within the timeout."""
     while len(_ranks) >= MAX_KEPT:

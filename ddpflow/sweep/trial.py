@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
+from ddpflow.charlm.training import CharLMTrainJob, train_rank
 from ddpflow.distributed.context import RankContext
-from ddpflow.train_loop import EpochStats
+from ddpflow.train_loop import EpochStats, TrainResult
 
 ELAPSED_METRIC = "elapsed_s"
 FINAL_VAL_LOSS_METRIC = "final_val_loss"

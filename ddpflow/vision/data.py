@@ -87,6 +87,9 @@ class ImageSplit:
     images: torch.Tensor
     labels: torch.Tensor
 
+    def __len__(self) -> int:
+        return len(self.labels)
+
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.images[index], self.labels[index]
 

@@ -18,8 +18,7 @@ from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
-from ddpflow.tracking_spool import Unsent
-from ddpflow.train_loop import EpochStats, FitHooks, FitPlan, fit
+from ddpflow.train_loop import FitHooks, FitPlan, TrainResult, fit
 from ddpflow.training_progress import progress_topic
 from ddpflow.vision.data import ImageSplit, load_split
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
@@ -56,15 +55,6 @@ class ImageTrainJob:
     # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
-
-
-@dataclass(frozen=True)
-class ImageTrainResult:
-    rank: int
-    history: list[EpochStats]
-    latest_checkpoint: str | None
-    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
-    unsent: tuple[Unsent, ...] = ()
 
 
 def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
@@ -110,7 +100,7 @@ def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
     return _Trainer(model, ddp_model, optimizer, scheduler, lr, speed)
 
 
-def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
+def train_rank(ctx: RankContext, job: ImageTrainJob) -> TrainResult:
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
     logger = logger_for_rank(
@@ -154,24 +144,22 @@ def train_rank(ctx: RankContext, job: ImageTrainJob) -> ImageTrainResult:
         ),
         resume_at=position,
     )
-    # fit() slices its data by sample index; the images stay in `train` and `val`.
-    indices = torch.arange(len(train.labels)), torch.arange(len(val.labels))
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(
-            built.ddp_model,
-            optimizer,
-            *indices,
-            train.batch,
-            ctx,
-            logger,
-            save_checkpoint,
-            plan,
-            hooks,
+            model=built.ddp_model,
+            optimizer=optimizer,
+            train=train,
+            val=val,
+            ctx=ctx,
+            logger=logger,
+            save_checkpoint=save_checkpoint,
+            plan=plan,
+            hooks=hooks,
         )
     # Everything logged is in MLflow before the flow reads it, or listed in `unsent`.
     unsent = close_logger(logger, ctx.heartbeat)
     latest = store.latest_uri() if ctx.is_main else None
-    return ImageTrainResult(
+    return TrainResult(
         rank=ctx.rank, history=history, latest_checkpoint=latest, unsent=tuple(unsent)
     )
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from ddpflow import fit_progress
 from ddpflow.distributed.context import RankContext
+from ddpflow.samples import TensorSamples
 from ddpflow.tracking import NullLogger
 from ddpflow.train_loop import FitPlan, fit
 
@@ -55,15 +56,14 @@ def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[st
     object.__setattr__(ctx, "lines", [])  # a frozen dataclass
     model = Linear()
     fit(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        torch.arange(48),
-        torch.arange(4),
-        to_batch,
-        ctx,
-        NullLogger(),
-        lambda epoch: None,
-        FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train=TensorSamples(torch.arange(48), to_batch),
+        val=TensorSamples(torch.arange(4), to_batch),
+        ctx=ctx,
+        logger=NullLogger(),
+        save_checkpoint=lambda epoch: None,
+        plan=FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
     )
     return ctx.lines
 
@@ -110,16 +110,16 @@ def test_each_checkpoint_comes_after_its_epochs_metrics_are_flushed() -> None:
     events: list[str] = []
     ctx = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     model = Linear()
+    to_batch = lambda index: (data[index], (data[index, 0] > 0).long())  # noqa: E731
     fit(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        torch.arange(16),
-        torch.arange(4),
-        lambda index: (data[index], (data[index, 0] > 0).long()),
-        ctx,
-        Recording(events),
-        lambda epoch: events.append(f"checkpoint {epoch}"),
-        FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train=TensorSamples(torch.arange(16), to_batch),
+        val=TensorSamples(torch.arange(4), to_batch),
+        ctx=ctx,
+        logger=Recording(events),
+        save_checkpoint=lambda epoch: events.append(f"checkpoint {epoch}"),
+        plan=FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=1, eval_batch_size=4),
     )
     expected = ["val_loss 1", "flush", "checkpoint 1", "val_loss 2", "flush", "checkpoint 2"]
     assert events == expected

@@ -14,6 +14,7 @@ from torch import nn
 
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume
 from ddpflow.distributed.context import RankContext
+from ddpflow.samples import TensorSamples
 from ddpflow.speed import CudaCaps, SpeedError, SpeedSettings, TrainSpeed
 from ddpflow.train_loop import FitHooks, FitPlan, fit
 from ddpflow.vision.model import IMAGENET_MEAN, IMAGENET_STD, build_resnet
@@ -134,17 +135,17 @@ def test_fit_runs_the_training_forward_under_autocast(precision, dtype) -> None:
     torch.manual_seed(0)
     data = torch.randn(8, 4)
     model = Recording()
+    to_batch = lambda index: (data[index], (data[index, 0] > 0).long())  # noqa: E731
     fit(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        torch.arange(8),
-        torch.arange(4),
-        lambda index: (data[index], (data[index, 0] > 0).long()),
-        RankContext(rank=0, world_size=1, device=CPU, backend="none"),
-        _NoLog(),
-        lambda epoch: None,
-        FitPlan(epochs=1, batch_size=4, seed=0),
-        FitHooks(speed=SpeedSettings(precision).resolve(CPU)),
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train=TensorSamples(torch.arange(8), to_batch),
+        val=TensorSamples(torch.arange(4), to_batch),
+        ctx=RankContext(rank=0, world_size=1, device=CPU, backend="none"),
+        logger=_NoLog(),
+        save_checkpoint=lambda epoch: None,
+        plan=FitPlan(epochs=1, batch_size=4, seed=0),
+        hooks=FitHooks(speed=SpeedSettings(precision).resolve(CPU)),
     )
     assert model.dtypes == [dtype, dtype]
     assert model.layer.weight.dtype == torch.float32, "the weights stay fp32"

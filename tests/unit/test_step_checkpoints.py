@@ -17,6 +17,7 @@ from ddpflow import graceful_stop, step_checkpoints
 from ddpflow.batching import epoch_batches
 from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_position
 from ddpflow.distributed.context import RankContext
+from ddpflow.samples import TensorSamples
 from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule, EpochPosition, step_seed
 from ddpflow.train_loop import FitPlan, fit
 
@@ -100,8 +101,16 @@ def train(
         resume_at=position,
     )
     with pytest.raises(Crash) if crash_at_batch else _nothing():
-        fit(model, optimizer, torch.arange(48), torch.arange(8), to_batch, CTX,
-            logger or Recording(), save, plan)  # fmt: skip
+        fit(
+            model=model,
+            optimizer=optimizer,
+            train=TensorSamples(torch.arange(48), to_batch),
+            val=TensorSamples(torch.arange(8), to_batch),
+            ctx=CTX,
+            logger=logger or Recording(),
+            save_checkpoint=save,
+            plan=plan,
+        )
     return model, start_epoch, position
 
 

@@ -40,7 +40,9 @@ def test_a_dead_server_never_blocks_the_caller(monkeypatch):
     started = time.monotonic()
     for step in range(100):
         logger.log_metrics({"train_loss": 1.0}, step=step)
-    assert time.monotonic() - started < 0.5, "logging only enqueues"
+    # A blocking call would wait out a retry per call (seconds each, 100 calls); enqueuing
+    # takes milliseconds, with room for a loaded machine.
+    assert time.monotonic() - started < 2.0, "logging only enqueues"
     logger.close()
     assert time.monotonic() - started < 10, "close waits a bounded time"
 

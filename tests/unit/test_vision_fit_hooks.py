@@ -14,6 +14,7 @@ from torch import nn
 
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
+from ddpflow.samples import TensorSamples
 from ddpflow.tracking import RunRef
 from ddpflow.train_loop import FitHooks, FitPlan, fit
 from ddpflow.vision import training
@@ -66,16 +67,15 @@ def test_hooks_add_validation_step_metrics_and_an_epoch_end_before_the_checkpoin
         on_epoch_end=lambda stats: logger.events.append(f"end {stats.epoch} {stats.val_loss}"),
     )
     history = fit(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        torch.arange(16),
-        torch.arange(4),
-        to_batch,
-        SINGLE,
-        logger,
-        lambda epoch: logger.events.append(f"save {epoch}"),
-        FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=2),
-        hooks,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        train=TensorSamples(torch.arange(16), to_batch),
+        val=TensorSamples(torch.arange(4), to_batch),
+        ctx=SINGLE,
+        logger=logger,
+        save_checkpoint=lambda epoch: logger.events.append(f"save {epoch}"),
+        plan=FitPlan(epochs=2, batch_size=4, seed=0, log_every_steps=2),
+        hooks=hooks,
     )
     assert logger.events == ["end 1 0.25", "save 1", "end 2 0.25", "save 2"]
     assert [h.val_metrics for h in history] == [{"val_accuracy": 0.75}] * 2
@@ -139,3 +139,9 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monk
     assert {"train_loss", "train_accuracy", "lr"} <= step_keys
     assert CheckpointStore(root).latest_uri().endswith("epoch-0002.pt")
     assert Path(result.latest_checkpoint).exists()
+
+
+def test_fit_takes_its_arguments_by_name_only():
+    """Ten positional parameters invite swapped arguments (train for val, say)."""
+    with pytest.raises(TypeError, match="positional"):
+        fit(nn.Linear(2, 2), None)  # type: ignore[misc]
