@@ -30,10 +30,10 @@ from tasks.charlm import (
     download_corpus,
     evaluate,
     format_training_data,
-    register,
     train_ddp,
 )
 from tasks.inspection import describe_datasets
+from tasks.registration import register
 from tasks.tracking_report import tracking_line
 
 WORKLOAD = "charlm"
@@ -201,7 +201,7 @@ def _train_evaluate_register(
     evaluation = evaluate.submit(
         run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
     ).result()
-    version = register.submit(run, checkpoint, params.model_name).result()
+    version = register.submit(WORKLOAD, run, checkpoint, params.model_name).result()
     return CharLMSummary(
         run_id=run.run_id,
         final_val_loss=evaluation.val_loss,

@@ -47,7 +47,8 @@ from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
-from tasks.charlm import download_corpus, format_training_data, register
+from tasks.charlm import download_corpus, format_training_data
+from tasks.registration import register
 from tasks.retrain import score_and_promote
 from tasks.sweep import TABLE_KEY, train_trial
 from tasks.tables import publish_table
@@ -231,7 +232,9 @@ def _compare_and_register(
     version = decision = None
     if top is not None and top.checkpoint_uri is not None:
         best_run = RunRef(parent.tracking_uri, top.run_id)
-        version = register.submit(best_run, top.checkpoint_uri, params.model_name).result()
+        version = register.submit(
+            "charlm", best_run, top.checkpoint_uri, params.model_name
+        ).result()
         if params.promote:
             # The retraining rule: champion and challenger scored on the same fixed holdout.
             decision = score_and_promote.submit(

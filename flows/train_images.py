@@ -33,10 +33,10 @@ from tasks.images import (
     format_images,
     prepare_digits,
     prepare_weights,
-    register,
     train_ddp,
 )
 from tasks.inspection import describe_datasets
+from tasks.registration import register
 from tasks.tracking_report import tracking_line
 
 WORKLOAD = "images"
@@ -275,7 +275,7 @@ def _train_evaluate_register(
     trained = train_ddp(job, world_size, params.rank_timeout_s, params.max_restarts)
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
-    version = register.submit(run, checkpoint, params.model_name).result()
+    version = register.submit(WORKLOAD, run, checkpoint, params.model_name).result()
     return ImageSummary(
         run_id=run.run_id,
         val_accuracy=evaluation.val_accuracy,

@@ -11,12 +11,11 @@ from ddpflow.charlm.evaluation import (
     evaluate_checkpoint,
     evaluation_markdown,
     log_evaluation,
-    register_model,
     save_report,
 )
-from ddpflow.charlm.training import CharLMTrainJob, TrainResult, train_rank
-from ddpflow.inspection import describe_version
+from ddpflow.charlm.training import CharLMTrainJob, train_rank
 from ddpflow.tracking import RunRef
+from ddpflow.train_loop import TrainResult
 from tasks.restarts import train_with_restarts
 
 # The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
@@ -85,11 +84,3 @@ def evaluate(
         description="pet-name model evaluation",
     )
     return result
-
-
-@task(name="register-model")
-def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
-    """Log the final model to the MLflow run, register a new version and describe it."""
-    version = register_model(run, checkpoint_uri, model_name)
-    describe_version(run, model_name, version)
-    return version

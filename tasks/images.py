@@ -5,9 +5,9 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.inspection import describe_version
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef
+from ddpflow.train_loop import TrainResult
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
 from ddpflow.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.vision.evaluation import (
@@ -15,14 +15,13 @@ from ddpflow.vision.evaluation import (
     evaluate_checkpoint,
     evaluation_markdown,
     log_evaluation,
-    register_model,
     report_files,
     save_reports,
 )
 from ddpflow.vision.image_folder import describe_keys
 from ddpflow.vision.model import resolve_weights
 from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB
-from ddpflow.vision.training import ImageTrainJob, ImageTrainResult, train_rank
+from ddpflow.vision.training import ImageTrainJob, train_rank
 from tasks.restarts import train_with_restarts
 
 # The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
@@ -75,7 +74,7 @@ def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
 @task(name="train-ddp")
 def train_ddp(
     job: ImageTrainJob, world_size: int | None, rank_timeout_s: float, max_restarts: int = 2
-) -> ImageTrainResult:
+) -> TrainResult:
     """Run one DDP group, healed and resumed from its checkpoint after a failure.
 
     Call it directly from the flow (not .submit) so the launcher runs in the flow process.
@@ -107,11 +106,3 @@ def evaluate(
         markdown=markdown, key="images-evaluation", description="image classifier evaluation"
     )
     return result
-
-
-@task(name="register-model")
-def register(run: RunRef, checkpoint_uri: str, model_name: str) -> str:
-    """Log the final model to the MLflow run, register a new version and describe it."""
-    version = register_model(run, checkpoint_uri, model_name)
-    describe_version(run, model_name, version)
-    return version

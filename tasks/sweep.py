@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from prefect import get_run_logger, task
 
-from ddpflow.charlm.training import CharLMTrainJob, TrainResult
+from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.distributed import launch
 from ddpflow.sweep import trial_rank
+from ddpflow.train_loop import TrainResult
 from tasks.flow_client import current_dask_client
 from tasks.progress_artifact import training_progress
 

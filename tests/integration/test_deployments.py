@@ -211,3 +211,21 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     assert f"| challenger | v{version}: {challenger_loss:.4f} |" in markdown
     assert f"| champion before | v{first}: {champion_loss:.4f} |" in markdown
     assert "| margin | 0 |" in markdown
+
+
+def test_a_users_own_run_in_flow_flow_deploys_and_runs(stack, tmp_path):
+    """examples/prefect.yaml: a flow written against the public API (ddpflow.run_in_flow)
+    deploys with `prefect deploy` and trains on the stack's Dask workers when started with
+    `prefect deployment run --param`."""
+    prefect(stack, "--no-prompt", "deploy", "--prefect-file", "examples/prefect.yaml", "--all")
+    output = run_deployment(
+        stack, "digits/digits-ddp", epochs=3, checkpoint_root=str(tmp_path / "checkpoints")
+    )
+    assert "Completed" in output, output[-4000:]
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", output)
+    assert run_id, output
+    logs = prefect(stack, "flow-run", "logs", run_id.group(1))
+    assert re.findall(r"epoch (\d+)/3", logs) == ["1", "2", "3"], logs[-4000:]
+    assert float(re.findall(r"held-out accuracy: (\d\.\d+)", logs)[-1]) > 0.5
+    (folder,) = (tmp_path / "checkpoints").iterdir()  # the run's own, written by rank 0
+    assert sorted(p.name for p in folder.iterdir() if p.name.endswith(".pt"))
