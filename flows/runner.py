@@ -44,25 +44,34 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
         wait_for: Any = None,
         dependencies: Any = None,
     ) -> Any:
-        if not self._started:
+        if not self.entered:  # prefect's own error for a runner used before it starts
             return super().submit(task, parameters, wait_for, dependencies)
         placement = task_placement(cluster_workers(self.client))
         with _flow_api_for_workers(), dask.annotate(**placement):
             return super().submit(task, parameters, wait_for, dependencies)
+
+    entered = False  # set between __enter__ and __exit__ (the client exists then)
+
+    def __enter__(self) -> PlacingDaskTaskRunner:
+        runner = super().__enter__()
+        self.entered = True
+        return runner
 
     def __exit__(self, *args: Any) -> None:
         """Close the client and the cluster; a close that times out is logged, not raised.
 
         On a loaded machine a LocalCluster's workers can take longer to exit than its close
         waits (the nanny kills them after its own grace). By then the flow's result is
-        decided: a slow shutdown must not turn a finished training into a failed run. The
-        exit stack still runs every other close before it reports the timeout.
+        decided: a slow shutdown must not turn a finished training into a failed run.
+        prefect-dask's exit runs every other close before it reports the timeout, but then
+        skips the base runner's exit, which marks the runner stopped: that is done here.
         """
+        self.entered = False
         try:
-            self._exit_stack.__exit__(*args)
+            super().__exit__(*args)
         except TimeoutError as error:
             log.warning("the Dask cluster did not close within its timeout: %s", error)
-        super(DaskTaskRunner, self).__exit__(*args)  # prefect's TaskRunner: marks it stopped
+            super(DaskTaskRunner, self).__exit__(*args)  # prefect's TaskRunner: stopped
 
 
 @contextmanager
