@@ -53,6 +53,10 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
     entered = False  # set between __enter__ and __exit__ (the client exists then)
 
     def __enter__(self) -> PlacingDaskTaskRunner:
+        if self.address is None and self.cluster_class is None:
+            # Built with no settings (a flow decorator, at import): the cluster settings are
+            # read now, when the flow run starts, so importing a flow reads no environment.
+            configure(self, Settings.from_env())
         runner = super().__enter__()
         self.entered = True
         return runner
@@ -154,21 +158,25 @@ def _replace_lost_jobs(cluster: Cluster, n_workers: int) -> None:
 
 def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
     """The task runner for DDPFLOW_CLUSTER: an existing scheduler (`address`), or a cluster
-    of the chosen kind started per flow run."""
-    settings = settings or Settings.from_env()
+    of the chosen kind started per flow run. Without `settings`, they are read from the
+    environment when a flow run enters the runner."""
+    runner = PlacingDaskTaskRunner()
+    if settings is not None:
+        configure(runner, settings)
+    return runner
+
+
+def configure(runner: DaskTaskRunner, settings: Settings) -> None:
+    """Point `runner` at the cluster `settings` name (before it starts)."""
     options = dict(settings.cluster_options)
     if settings.cluster_kind == "address":
+        runner.address = settings.dask_address
         # A dead scheduler should fail pre-flight in seconds, not after the 30 s default.
-        return PlacingDaskTaskRunner(
-            address=settings.dask_address, client_kwargs={"timeout": "10s"}
-        )
-    if settings.cluster_kind == "local":
+        runner.client_kwargs["timeout"] = "10s"
+    elif settings.cluster_kind == "local":
         num_workers = options.pop("n_workers", settings.num_dask_workers)
-        return PlacingDaskTaskRunner(
-            cluster_class=_local_cluster_for_flow,
-            cluster_kwargs={"num_workers": num_workers, **options},
-        )
-    return PlacingDaskTaskRunner(
-        cluster_class=_cluster_for_flow,
-        cluster_kwargs={"kind": settings.cluster_kind, "options": options},
-    )
+        runner.cluster_class = _local_cluster_for_flow
+        runner.cluster_kwargs = {"num_workers": num_workers, **options}
+    else:
+        runner.cluster_class = _cluster_for_flow
+        runner.cluster_kwargs = {"kind": settings.cluster_kind, "options": options}

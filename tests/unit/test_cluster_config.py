@@ -93,6 +93,21 @@ def test_local_options_pass_through(tmp_path: Path) -> None:
     assert kwargs == {"num_workers": 4, "threads_per_worker": 2}
 
 
+def test_a_flows_runner_reads_the_cluster_settings_when_the_run_starts(monkeypatch) -> None:
+    """The flow decorators build their runner at import; the environment is read later, on
+    entering it (a bad value then fails that flow run, naming the variable)."""
+    monkeypatch.setenv(CLUSTER_ENV, "no-such-kind")
+    task_runner = runner.dask_task_runner()  # what `@flow(task_runner=...)` does at import
+    assert task_runner.address is None and task_runner.cluster_class is None
+    fresh = task_runner.duplicate()  # what each flow run enters
+    with pytest.raises(ConfigError, match="DDPFLOW_CLUSTER='no-such-kind'"):
+        fresh.__enter__()
+    monkeypatch.setenv(CLUSTER_ENV, "address")
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "tcp://127.0.0.1:1")
+    runner.configure(fresh, Settings.from_env())
+    assert fresh.address == "tcp://127.0.0.1:1"
+
+
 def test_address_kind_connects(tmp_path: Path) -> None:
     task_runner = runner.dask_task_runner(settings(tmp_path, DDPFLOW_DASK_ADDRESS="tcp://s:8786"))
     assert task_runner.address == "tcp://s:8786"
