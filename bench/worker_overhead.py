@@ -14,7 +14,10 @@ as ddpflow had it before). A variant switches jobs off (or the profiler on) in t
 workers and nannies (`client.run`), measures, and switches them back, so every variant uses
 the same processes. Each round runs every variant once, in a shuffled order; a variant's
 figure is the median over rounds of its rate divided by the bare rate of the same round.
-Round 0 is warm-up and is dropped.
+Round 0 is warm-up and is dropped from the rates (not from the CPU shares, which vary little).
+Beside each rate it records the CPU time, in % of one core over the measurement, of each
+worker's event-loop thread and of this process (the scheduler and the nannies): what the
+variant costs whatever the load, where the rates on a shared machine swing by tens of %.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from ddpflow.distributed.context import find_free_port
 
 WORLD = 2
 BATCH = 512
-RESULTS = Path(__file__).with_name("results") / "worker_overhead.json"
+# Its entry of latest.json, "worker_overhead" (merged: the file's other entries are kept).
+RESULTS = Path(__file__).with_name("results") / "latest.json"
 # Periodic jobs by their key in Server.periodic_callbacks (distributed/core.py, worker.py,
 # worker_memory.py); (worker's, nanny's). Heartbeats and keep-alive are never switched off:
 # without them the scheduler drops the worker.
@@ -57,6 +61,10 @@ JOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 RARE_JOBS = (("find-missing",), ())
 ALL_OFF = "all of the above off"
 PROFILER_ON = "sampling profiler on (10 ms)"
+# ddpflow.cluster.WORKER_CONFIG's intervals (ms), in workers and nannies alike.
+DDPFLOW = "ddpflow's intervals (1 s, 2 s, 1 s)"
+DDPFLOW_MS = {"tick": 1000, "monitor": 2000, "memory_monitor": 1000}
+VARIANTS = ["dask defaults", *JOBS, ALL_OFF, PROFILER_ON, DDPFLOW]
 
 
 def _config() -> dict[str, Any]:
@@ -145,6 +153,15 @@ def _profiler(on: bool, dask_worker: Any) -> None:
             dask_worker.periodic_callbacks.pop(name).stop()
 
 
+def _intervals(ms: dict[str, float], dask_worker: Any) -> dict[str, float]:
+    """Set the jobs' intervals; returns the ones they had."""
+    before = {}
+    for name, interval in ms.items():
+        if (callback := dask_worker.periodic_callbacks.get(name)) is not None:
+            before[name], callback.callback_time = callback.callback_time, interval
+    return before
+
+
 def _loop_cpu_s() -> float:
     """CPU seconds of the calling thread: client.run calls this on the event loop's thread."""
     return time.thread_time()
@@ -167,6 +184,17 @@ def _variant_switch(client: distributed.Client, variant: str) -> Callable[[bool]
     """on(True) puts the variant in place, on(False) restores the defaults."""
     if variant == PROFILER_ON:
         return lambda on: client.run(_profiler, on)
+    if variant == DDPFLOW:  # the same before in every worker and nanny: Dask's defaults
+        saved: list[dict[str, float]] = []
+
+        def interval(place: bool) -> None:
+            for nanny in (False, True):
+                ms = DDPFLOW_MS if place else saved[nanny]
+                answers = client.run(_intervals, ms, nanny=nanny)
+                if place:
+                    saved.append(next(iter(answers.values())))
+
+        return interval
     picked = [*JOBS.values(), RARE_JOBS] if variant == ALL_OFF else [JOBS[variant]]
     worker_jobs = tuple(n for w, _ in picked for n in w)
     nanny_jobs = tuple(n for _, n in picked for n in n)
@@ -178,10 +206,9 @@ def _variant_switch(client: distributed.Client, variant: str) -> Callable[[bool]
     return apply
 
 
-def measure(rounds: int, steps: int, num_names: int) -> dict[str, list[float]]:
+def measure(rounds: int, steps: int, num_names: int, variants: list[str]) -> dict[str, list[float]]:
     from ddpflow.cluster import _fork_workers_from_a_preloaded_server
 
-    variants = ["dask defaults", *JOBS, ALL_OFF, PROFILER_ON]
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     rates: dict[str, list[float]] = {v: [] for v in ["bare", *variants]}
     cpu: dict[str, dict[str, list[float]]] = {v: {"loop": [], "cluster": []} for v in variants}
@@ -255,12 +282,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="4 rounds of 20 steps")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
     args = parser.parse_args(argv)
     rounds = args.rounds or (4 if args.quick else 8)
     steps = args.steps or (20 if args.quick else 40)
     load_before = os.getloadavg()
     started = time.time()
-    found = measure(rounds, steps, num_names=10_000)
+    found = measure(rounds, steps, 10_000, args.variants)
     summary = {
         v: {
             "median_ratio_to_bare": median(r),
@@ -290,8 +318,10 @@ def main(argv: list[str] | None = None) -> None:
         "summary": summary,
         **found,
     }
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written to {RESULTS}")
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results["worker_overhead"] = report
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    print(f"written to {RESULTS} (worker_overhead)")
 
 
 if __name__ == "__main__":
