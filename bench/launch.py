@@ -32,11 +32,14 @@ the mean of the two, so load that drifts steadily during the run favours neither
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Result, print_results, stop_cleanly_on_sigterm
+from bench.common import Result, load_average, machine, print_results, stop_cleanly_on_sigterm
 from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
 from bench.launch_timing import Timeline
 
@@ -196,8 +199,38 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="also run the flow on a running Prefect server and Dask cluster (default: full)",
     )
+    parser.add_argument(
+        "--record",
+        metavar="KEY",
+        help="also write the rows as entry KEY of results/latest.json (other entries kept)",
+    )
     args = parser.parse_args(argv)
-    print_results("launch overhead", run(args.quick, args.warm))
+    load_before, started = load_average(), time.time()
+    results = run(args.quick, args.warm)
+    print_results("launch overhead", results)
+    if args.record:
+        record(args.record, results, load_before, started, sys.argv)
+
+
+def record(
+    key: str, results: list[Result], load_before: tuple[float, ...], started: float, argv: list[str]
+) -> None:
+    """The rows, the machine, the date and the load, merged into results/latest.json."""
+    from ddpflow.cluster import WORKER_CONFIG  # the worker settings the flow's cluster had
+
+    path = Path(__file__).resolve().parent / "results" / "latest.json"
+    report = json.loads(path.read_text()) if path.exists() else {}
+    report[key] = {
+        "command": " ".join(["python -m bench.launch", *argv[1:]]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": load_average(),
+        "worker_config": WORKER_CONFIG,
+        "results": [r.as_dict() for r in results],
+    }
+    path.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"written to {path} ({key})")
 
 
 if __name__ == "__main__":

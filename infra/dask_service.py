@@ -30,7 +30,7 @@ def start_dask(
     """
     protocol = "tls" if tls else "tcp"
     address = f"{protocol}://127.0.0.1:{scheduler_port}"
-    # ddpflow.cluster.WORKER_ENV: non-daemonic workers, no profiler, no MALLOC_TRIM_THRESHOLD_.
+    # ddpflow.cluster.WORKER_ENV: non-daemonic, no profiler, slower health checks, no malloc env.
     # The TLS settings in env also make the workers' own clients (get_client) use TLS.
     dask_env = base_env({**env, **WORKER_ENV, **(tls.dask_env() if tls else {})})
     tls_args = ["--protocol", "tls", *tls.cli_args()] if tls else []

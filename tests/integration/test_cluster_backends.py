@@ -146,6 +146,9 @@ def test_slurm_job_script_from_the_shipped_example(tmp_path: Path) -> None:
     assert prologue == [
         "export DASK_DISTRIBUTED__WORKER__DAEMON=False",
         "export DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=False",
+        "export DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL=1s",
+        "export DASK_DISTRIBUTED__WORKER__MEMORY__MONITOR_INTERVAL=1s",
+        "export DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL=2s",
         "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
         + shlex.quote("{'MALLOC_TRIM_THRESHOLD_': None}"),
         "source $HOME/ddpflow/.venv/bin/activate",

@@ -1,7 +1,10 @@
-"""The charlm scaling flow end to end: world sizes 1 and 2 on a 2-worker LocalCluster.
+"""Both scaling flows end to end: world sizes 1 and 2 on a 2-worker LocalCluster.
 
-One flow run (module fixture) on a small corpus, so each size trains for seconds; the tests
-read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
+One flow run per workload (module fixtures) on small data, so each size trains for seconds;
+the tests read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
+What both flows share (flows/scaling.py: parent and children, table, plots) is checked on
+both; what is particular to the pet-name workload (time to a reached target, the records of
+a training) is checked on charlm only.
 """
 
 from __future__ import annotations
@@ -9,12 +12,14 @@ from __future__ import annotations
 import csv
 import io
 import json
+from pathlib import Path
 
 import pytest
 
 from ddpflow.inspection import NOTE_TAG
 from tests.integration.charlm_runs import small_corpus
 from tests.integration.conftest import prefect_records, project_tracking, run_flow, tiny_charlm
+from tests.pngs import png
 
 pytestmark = pytest.mark.integration
 
@@ -24,23 +29,20 @@ EXPERIMENT = "scaling-test"
 TARGET_LOSS = 2.9
 PNGS = ("scaling/samples_per_s_vs_world_size.png", "scaling/efficiency_vs_world_size.png")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+WORKLOADS = ("charlm", "images")
+# The images flow at its cheapest: 2 classes of 5 one-colour 8 px images (8 train, 2
+# validation), one epoch of batches of 4, so the 1-rank size takes 2 steps and each of the 2
+# ranks 1, and no batch is a single image (batch norm refuses one). Training is milliseconds;
+# the flow's cost is its start-up (Prefect, the cluster, the workers' imports).
+IMAGE_ARGS = [
+    "--image-size", "8", "--epochs", "1", "--batch-size", "4", "--val-fraction", "0.2",
+    "--pin-memory", "false", "--target-accuracy", "0.5",
+]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def scaled(tmp_path_factory) -> dict:
-    project = tmp_path_factory.mktemp("scaling")
-    args = [
-        *tiny_charlm(2, batch_size=512),
-        "--source",
-        str(small_corpus(4000)),  # a tenth of the corpus: each size trains twice
-        "--world-sizes",
-        "1,2",
-        "--target-loss",
-        str(TARGET_LOSS),
-        "--experiment",
-        EXPERIMENT,
-    ]
-    result = run_flow("scaling_charlm", args, project)
+def _scaling_run(module: str, args: list[str], project: Path) -> dict:
+    """Run a scaling flow on 1 and 2 ranks and read back what it recorded."""
+    result = run_flow(module, [*args, "--world-sizes", "1,2", "--experiment", EXPERIMENT], project)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     client = project_tracking(project)
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
@@ -58,17 +60,49 @@ def scaled(tmp_path_factory) -> dict:
     }
 
 
-def test_one_parent_run_with_a_child_run_per_world_size(scaled) -> None:
+@pytest.fixture(scope="module")
+def scaled(tmp_path_factory) -> dict:
+    args = [
+        *tiny_charlm(2, batch_size=512),
+        "--source",
+        str(small_corpus(4000)),  # a tenth of the corpus: each size trains twice
+        "--target-loss",
+        str(TARGET_LOSS),
+    ]
+    return _scaling_run("scaling_charlm", args, tmp_path_factory.mktemp("scaling"))
+
+
+@pytest.fixture(scope="module")
+def scaled_images(tmp_path_factory) -> dict:
+    source = tmp_path_factory.mktemp("pictures")
+    for label, grey in (("dark", 30), ("light", 220)):
+        (source / label).mkdir()
+        for i in range(5):
+            (source / label / f"{i}.png").write_bytes(png(grey + i, (8, 8)))
+    args = [*IMAGE_ARGS, "--source", str(source)]
+    return _scaling_run("scaling_images", args, tmp_path_factory.mktemp("scaling-images"))
+
+
+@pytest.fixture(params=WORKLOADS)
+def workload(request: pytest.FixtureRequest) -> tuple[str, dict]:
+    """Each workload's name and its flow run (the module fixture of that workload)."""
+    fixture = "scaled" if request.param == "charlm" else "scaled_images"
+    return request.param, request.getfixturevalue(fixture)
+
+
+def test_one_parent_run_with_a_child_run_per_world_size(workload) -> None:
+    name, scaled = workload
     assert len(scaled["parents"]) == 1
     parent = scaled["parents"][0]
     assert parent.info.status == "FINISHED"
-    assert parent.data.tags["ddpflow.workload"] == "charlm-scaling"
+    assert parent.data.tags["ddpflow.workload"] == f"{name}-scaling"
     assert parent.data.params["world_sizes"] == "1,2"
     assert scaled["num_children"] == 2 and sorted(scaled["children"]) == [1, 2]
     for size, child in scaled["children"].items():
         assert child.info.status == "FINISHED"
         assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
         assert child.data.tags["ddpflow.scaling.world_size"] == str(size)
+        assert child.data.tags["ddpflow.workload"] == name
     # docs/scaling.md: one size after another, smallest first, never at the same time.
     one, two = scaled["children"][1], scaled["children"][2]
     assert one.info.end_time <= two.info.start_time
@@ -93,15 +127,19 @@ def test_child_runs_are_recorded_like_a_training(scaled) -> None:
         assert child.data.metrics["epoch_samples_per_s"] > 0
 
 
-def _rows(scaled) -> list[dict]:
-    (table,) = [a for a in scaled["prefect"]["artifacts"] if a["key"] == "charlm-scaling"]
+def _rows(name: str, scaled: dict) -> list[dict]:
+    artifacts = scaled["prefect"]["artifacts"]
+    tables = [a for a in artifacts if a["key"] == f"{name}-scaling"]
+    assert len(tables) == 1, f"{name}-scaling among {[a['key'] for a in artifacts]}"
+    (table,) = tables
     assert table["type"] == "table"
     data = json.loads(table["data"]) if isinstance(table["data"], str) else table["data"]
     return data
 
 
-def test_the_table_is_a_prefect_artifact_with_efficiency(scaled) -> None:
-    rows = _rows(scaled)
+def test_the_table_is_a_prefect_artifact_with_efficiency(workload) -> None:
+    name, scaled = workload
+    rows = _rows(name, scaled)
     assert [r["world_size"] for r in rows] == [1, 2]
     one, two = rows
     assert one["efficiency"] == pytest.approx(1.0)
@@ -113,34 +151,45 @@ def test_the_table_is_a_prefect_artifact_with_efficiency(scaled) -> None:
         assert row["time_to_target_s"] == "not reached" or row["time_to_target_s"] > 0
 
 
-def test_the_parent_run_holds_the_plots_and_the_table(scaled) -> None:
+def test_the_parent_run_holds_the_plots_and_the_table(workload) -> None:
+    name, scaled = workload
     client, parent = scaled["client"], scaled["parents"][0]
     paths = {a.path for a in client.list_artifacts(parent.info.run_id, "scaling")}
     assert {*PNGS, "scaling/scaling.csv", "scaling/scaling.json", "scaling/scaling.md"} <= paths
     for key in ("samples_per_s", "efficiency"):  # step = world size
         steps = [m.step for m in client.get_metric_history(parent.info.run_id, key)]
         assert sorted(steps) == [1, 2], key
-    for name in PNGS:
-        with open(client.download_artifacts(parent.info.run_id, name), "rb") as f:
+    for file in PNGS:
+        with open(client.download_artifacts(parent.info.run_id, file), "rb") as f:
             assert f.read(8) == PNG_MAGIC
     with open(client.download_artifacts(parent.info.run_id, "scaling/scaling.csv")) as f:
         rows = list(csv.DictReader(io.StringIO(f.read())))
     assert [r["world_size"] for r in rows] == ["1", "2"]
-    assert [r["samples_per_s"] for r in rows] == [str(r["samples_per_s"]) for r in _rows(scaled)]
+    assert [r["samples_per_s"] for r in rows] == [
+        str(r["samples_per_s"]) for r in _rows(name, scaled)
+    ]
 
 
-def test_the_flow_run_is_tagged_with_its_workload(scaled) -> None:
+def test_the_flow_run_is_tagged_with_its_workload(workload) -> None:
+    name, scaled = workload
     flow_run_id = scaled["parents"][0].data.tags["prefect.flow_run_id"]
     (flow_run,) = [r for r in scaled["prefect"]["flow_runs"] if r["id"] == flow_run_id]
-    assert "workload:charlm-scaling" in flow_run["tags"]
+    assert f"workload:{name}-scaling" in flow_run["tags"]
     assert flow_run["state"]["type"] == "COMPLETED"
 
 
-def test_the_summary_prints_the_table(scaled) -> None:
-    out = scaled["out"]
-    assert "charlm scaling finished, 2 of 2 world sizes completed" in out
+@pytest.mark.parametrize(
+    ("fixture", "finished", "target"),
+    [
+        ("scaled", "charlm scaling finished", f"s to val_loss <= {TARGET_LOSS:g}"),
+        ("scaled_images", "images scaling finished", "s to val_accuracy >= 0.5"),
+    ],
+)
+def test_the_summary_prints_the_table(request, fixture: str, finished: str, target: str) -> None:
+    out = request.getfixturevalue(fixture)["out"]
+    assert f"{finished}, 2 of 2 world sizes completed" in out
     assert "| world_size | status | samples_per_s | efficiency |" in out
-    assert f"s to val_loss <= {TARGET_LOSS:g}" in out
+    assert target in out
 
 
 def test_a_world_size_larger_than_the_cluster_fails_before_any_work(tmp_path) -> None:
