@@ -10,8 +10,8 @@ worker that left is replaced by a fresh `dask worker`, as a pod or a job would b
 from __future__ import annotations
 
 import os
+import re
 import signal
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,21 +26,17 @@ from infra.procs import Service, spawn, stop
 from infra.runtime import BIN, base_env
 from infra.services import free_port, start_prefect_server
 from tests.integration.charlm_runs import (
+    EPOCHS,
     assert_same_metrics,
     assert_same_weights,
     final_weights,
     finish,
+    metric_points,
+    the_run,
     wait_for_checkpoint,
 )
 from tests.integration.conftest import REPO
-from tests.integration.test_fault_tolerance import (
-    assert_completed_once_with_one_restart,
-    assert_restart_recorded,
-    process_gone,
-    resumed_inside_epoch,
-    start_flow,
-    steps_redone,
-)
+from tests.integration.test_fault_tolerance import process_gone, restart_rows, start_flow
 
 pytestmark = pytest.mark.integration
 CONTROL_EVERY = 20  # fit() reads a stop request every log_every_steps (20) steps
@@ -110,80 +106,80 @@ def workers(scheduler) -> Iterator[Workers]:
             time.sleep(0.2)
 
 
-def step_checkpoint_after(project: Path, since: float, timeout_s: float = GONE_S) -> Path:
-    """The first checkpoint inside epoch 2 (epoch-0001.step-*.pt), and when it appeared."""
-    deadline = time.monotonic() + timeout_s
+def step_checkpoint_after(project: Path, epoch: int, since: float) -> Path:
+    """The first checkpoint inside the epoch after `epoch` (epoch-000E.step-*.pt)."""
+    deadline = time.monotonic() + GONE_S
     while time.monotonic() < deadline:
-        found = sorted(project.glob("artifacts/runs/*/checkpoints/epoch-0001.step-*.pt"))
+        found = sorted(project.glob(f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}.step-*.pt"))
         if found:
             print(f"{found[0].name} appeared {time.monotonic() - since:.1f} s after the request")
             return found[0]
         time.sleep(0.05)
-    raise AssertionError("no checkpoint inside epoch 2 after the request to leave")
+    raise AssertionError(f"no checkpoint inside epoch {epoch + 1} after the request to leave")
 
 
-def assert_resumed_at_the_stop(output: str, checkpoint: Path, cluster: dict) -> None:
-    epoch, step, steps_per_epoch = resumed_inside_epoch(output)
-    print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}")
-    assert epoch == 2 and step > 0 and step % CONTROL_EVERY == 0, (epoch, step)
-    assert checkpoint.name == f"epoch-0001.step-{step:08d}.pt", "resumed from the stop's step"
-    redone = steps_redone(cluster["client"])
-    print(f"{redone} steps redone")
-    assert redone == 0, "the group stopped at its checkpoint's step"
+def resumes(output: str) -> list[tuple[int, int]]:
+    """(epoch, step) of each resume inside an epoch, from the flow's log."""
+    found = re.findall(r"resuming at epoch (\d+)/\d+, step (\d+)/\d+", output)
+    return [(int(epoch), int(step)) for epoch, step in found]
 
 
-def start_training(project: Path, cluster: dict) -> subprocess.Popen[str]:
-    proc = start_flow(project, cluster)  # defaults: no step checkpoint before the stop
-    wait_for_checkpoint(project, 1, proc)
+def assert_completed_with_two_stops(project: Path, output: str) -> list[str]:
+    """Two restarts on the run, each epoch's metric once; returns the two causes."""
+    client, run = the_run(project)
+    tags = run.data.tags
+    assert run.info.status == "FINISHED"
+    assert tags["ddpflow.restarts"] == "2", output[-3000:]
+    assert metric_points(project, "restarts") == [(1, 1.0), (2, 2.0)]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
+    return [tags["ddpflow.restart.1.cause"], tags["ddpflow.restart.2.cause"]]
+
+
+def leave_and_replace(workers: Workers, project: Path, epoch: int, leave: str) -> tuple[str, int]:
+    """During the epoch after `epoch`, ask one rank's worker to leave (`retire`: rank 1's
+    worker through retire_workers; `sigterm`: SIGTERM to rank 0's `dask worker`); wait for
+    the checkpoint and for the `dask worker` to exit, then start a replacement. Returns the
+    worker's address and the checkpoint's step."""
+    client = workers.scheduler["client"]
+    address, service = workers.of_rank(1 if leave == "retire" else 0)
+    asked = time.monotonic()
+    if leave == "retire":
+        assert address in client.retire_workers([address])
+    else:
+        os.kill(service.pid, signal.SIGTERM)
+    checkpoint = step_checkpoint_after(project, epoch, asked)
+    assert process_gone(service.pid, GONE_S), f"`dask worker` did not exit after {leave}"
+    print(f"its `dask worker` exited {time.monotonic() - asked:.1f} s after {leave}")
+    workers.start()  # a replacement, as an autoscaler, a job queue or Kubernetes would start
+    return address, int(checkpoint.name.rsplit("step-", 1)[1].split(".")[0])
+
+
+# docs/fault-tolerance.md: `retire_workers` (epoch 2) and SIGTERM to a `dask worker`, its
+# nanny (epoch 3), each make the group checkpoint at its next control step; the run resumes
+# at each of those steps and ends with the uninterrupted run's weights and metrics. In the
+# second, rank 0 runs on the leaving worker: the process that is leaving writes the checkpoint.
+def test_retire_workers_and_sigterm_to_a_nanny_checkpoint_at_the_next_step_and_resume_there(
+    scheduler, workers, charlm_reference, charlm_reference_project, tmp_path
+):
+    cluster = scheduler
+    proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stops
+    wait_for_checkpoint(tmp_path, 1, proc)
     time.sleep(0.5)  # into epoch 2
-    return proc
-
-
-# docs/fault-tolerance.md: `retire_workers` makes the group checkpoint at its next control step,
-# the relaunch (on a fresh worker) resumes at that step, with the uninterrupted run's weights.
-def test_retire_workers_checkpoints_at_the_next_step_and_resumes_there(
-    scheduler, workers, charlm_reference, charlm_reference_project, tmp_path
-):
-    cluster = scheduler
-    proc = start_training(tmp_path, cluster)
-    address, service = workers.of_rank(1)
-    asked = time.monotonic()
-    retired = cluster["client"].retire_workers([address])
-    assert address in retired, retired
-    checkpoint = step_checkpoint_after(tmp_path, asked)
-    assert process_gone(service.pid, GONE_S), "the retired worker's `dask worker` did not exit"
-    print(f"its `dask worker` exited {time.monotonic() - asked:.1f} s after retire_workers")
-    workers.start()  # a replacement, as an autoscaler or a job queue would start
+    retired, first = leave_and_replace(workers, tmp_path, 1, "retire")
+    wait_for_checkpoint(tmp_path, 2, proc)
+    time.sleep(0.5)  # into epoch 3
+    stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
     code, output = finish(proc)
     assert code == 0, output[-4000:]
-    assert_completed_once_with_one_restart(tmp_path, output)
-    cause, _ = assert_restart_recorded(cluster, tmp_path)
-    assert f"worker {address} asked to stop (its worker is closing" in cause, cause
-    assert_resumed_at_the_stop(output, checkpoint, cluster)
-    assert_same_weights(final_weights(tmp_path), charlm_reference)
-    assert_same_metrics(tmp_path, charlm_reference_project)
-
-
-# docs/fault-tolerance.md: SIGTERM to a `dask worker` (its nanny) makes the group checkpoint at
-# its next control step before the nanny closes its worker. Rank 0 runs there: the checkpoint
-# is written by the process that is leaving.
-def test_sigterm_to_a_nanny_checkpoints_at_the_next_step_and_resumes_there(
-    scheduler, workers, charlm_reference, charlm_reference_project, tmp_path
-):
-    cluster = scheduler
-    proc = start_training(tmp_path, cluster)
-    address, service = workers.of_rank(0)
-    asked = time.monotonic()
-    os.kill(service.pid, signal.SIGTERM)
-    checkpoint = step_checkpoint_after(tmp_path, asked)
-    assert process_gone(service.pid, GONE_S), "`dask worker` did not exit on SIGTERM"
-    print(f"`dask worker` exited {time.monotonic() - asked:.1f} s after SIGTERM")
-    workers.start()  # a replacement, as Kubernetes starts a new pod
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
-    assert_completed_once_with_one_restart(tmp_path, output)
-    cause, _ = assert_restart_recorded(cluster, tmp_path)
-    assert f"worker {address} asked to stop (its nanny is closing" in cause, cause
-    assert_resumed_at_the_stop(output, checkpoint, cluster)
+    print(f"resumed at {resumes(output)} (epoch, step)")
+    # fit() reads a stop request every log_every_steps (20) steps; each resume starts at the
+    # step its stop checkpointed, so no step is redone.
+    assert resumes(output) == [(2, first), (3, second)], output[-3000:]
+    assert first % CONTROL_EVERY == 0 and second % CONTROL_EVERY == 0, (first, second)
+    causes = assert_completed_with_two_stops(tmp_path, output)
+    assert f"worker {retired} asked to stop (its worker is closing" in causes[0], causes
+    assert f"worker {stopped} asked to stop (its nanny is closing" in causes[1], causes
+    assert len(restart_rows(cluster, the_run(tmp_path)[1].info.run_id)) == 2
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)
