@@ -134,22 +134,32 @@ def _raise_on_failures(
     client: distributed.Client | None = None,
     since: float = 0.0,
 ) -> None:
-    failures = [
+    failures = _failed_ranks(plan, futures)
+    if failures:
+        if client is not None:
+            lost = _lost_peers(client, plan, futures, since)
+            # A peer whose own error arrived meanwhile is named by it (a stopping rank's
+            # StopRequested comes milliseconds after its peer's, and its worker then goes).
+            failures = _failed_ranks(plan, futures)
+            failed = {f.rank for f in failures}
+            failures = sorted(failures + [f for f in lost if f.rank not in failed], key=_by_rank)
+        raise LaunchError(describe(verb, failures), failures)
+
+
+def _failed_ranks(
+    plan: list[RankAssignment], futures: list[distributed.Future]
+) -> list[RankFailure]:
+    return [
         RankFailure(a.rank, a.worker_address, _cause(f))
         for a, f in zip(plan, futures, strict=True)
         if f.status in ("error", "cancelled", "lost")
     ]
-    if failures:
-        if client is not None:
-            lost = _lost_peers(client, plan, failures, since)
-            failures = sorted(failures + lost, key=_by_rank)
-        raise LaunchError(describe(verb, failures), failures)
 
 
 def _lost_peers(
     client: distributed.Client,
     plan: list[RankAssignment],
-    failed: list[RankFailure],
+    futures: list[distributed.Future],
     since: float,
 ) -> list[RankFailure]:
     """The other ranks whose worker is gone. A killed worker's peer fails first, with a
@@ -159,9 +169,8 @@ def _lost_peers(
     this looks again for up to LOST_PEER_GRACE_S: a short delay on a failure that a
     restart takes many seconds to heal anyway.
     """
-    others = [a for a in plan if a.rank not in {f.rank for f in failed}]
     deadline = time.monotonic() + LOST_PEER_GRACE_S
-    while others:
+    while others := [a for a, f in zip(plan, futures, strict=True) if not f.done()]:
         try:
             current = cluster_workers(client)
         except Exception:  # noqa: BLE001 - the group's own failure must come through
