@@ -164,12 +164,16 @@ def test_retire_workers_and_sigterm_to_a_nanny_checkpoint_at_the_next_step_and_r
 ):
     cluster = scheduler
     proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stops
-    wait_for_checkpoint(tmp_path, 1, proc)
-    time.sleep(0.5)  # into epoch 2
-    retired, first = leave_and_replace(workers, tmp_path, 1, "retire")
-    wait_for_checkpoint(tmp_path, 2, proc)
-    time.sleep(0.5)  # into epoch 3
-    stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
+    try:
+        wait_for_checkpoint(tmp_path, 1, proc)
+        time.sleep(0.5)  # into epoch 2
+        retired, first = leave_and_replace(workers, tmp_path, 1, "retire")
+        wait_for_checkpoint(tmp_path, 2, proc)
+        time.sleep(0.5)  # into epoch 3
+        stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
+    except BaseException:
+        proc.kill()  # it would wait minutes for workers that this test no longer provides
+        raise
     code, output = finish(proc)
     assert code == 0, output[-4000:]
     print(f"resumed at {resumes(output)} (epoch, step)")
