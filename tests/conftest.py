@@ -34,6 +34,7 @@ def one_torch_thread() -> Iterator[None]:
 SHARED_GROUPS = {
     "test_fault_tolerance": "charlm-reference",
     "test_multihost": "charlm-reference",
+    "test_graceful_leave": "charlm-reference",
     "test_slurm": "slurm",
     "test_cluster_backends": "slurm",
 }

@@ -46,7 +46,7 @@ from ddpflow.distributed.watchdog import (
     rank_started,
     unbind_thread,
 )
-from ddpflow.graceful_stop import GracefulStop, rank_running
+from ddpflow.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -79,8 +79,10 @@ def launch(
     `on_progress` gets each line a rank sends with `ctx.report()`, in order, in this process
     (e.g. the flow's run logger): training is otherwise silent in the flow's log.
     """
-    # Once per cluster: a worker sent SIGTERM checkpoints at its next step before it exits.
+    # Once per cluster: a worker sent SIGTERM, retired or closed by its nanny makes its group
+    # checkpoint at the next control step before it goes.
     client.register_plugin(GracefulStop())
+    client.register_plugin(GracefulNannyStop())
     available = cluster_workers(client)
     if workers is not None:
         missing = sorted(set(workers) - set(available))

@@ -43,7 +43,10 @@ def release_stuck_ranks(
     unresponsive workers, and one that left the cluster runs nothing.
     """
     deadline = time.monotonic() + grace_s
-    stuck = _still_running(client, rank_keys)
+    # A worker that left runs nothing here, and asking it would take ASK_TIMEOUT_S: Dask
+    # retries a refused connection until its connect timeout.
+    present = _workers(client)
+    stuck = _still_running(client, {w: k for w, k in rank_keys.items() if w in present})
     while stuck and time.monotonic() < deadline:
         time.sleep(0.25)
         stuck = _still_running(client, {w: rank_keys[w] for w in stuck})

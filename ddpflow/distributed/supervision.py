@@ -14,6 +14,7 @@ from typing import Any
 import distributed
 
 from ddpflow.distributed.failures import LaunchError, RankFailure, describe
+from ddpflow.distributed.leaving import left_cause, stopping_workers, wait_for_group_stop
 from ddpflow.distributed.planning import RankAssignment
 from ddpflow.distributed.watchdog import StepWatch
 
@@ -77,34 +78,53 @@ def wait_all_or_first_failure(
 ) -> None:
     # Polls the futures' local state: distributed.wait/as_completed would need a default
     # client, and Prefect's client deliberately is not one.
+    since = time.time()  # a worker's stop notices from before this group are not about it
     next_check = time.monotonic() + WORKER_CHECK_S
     while not all(f.done() for f in futures):
-        _raise_on_failures(plan, futures, "failed", client)
+        _raise_on_failures(plan, futures, "failed", client, since)
         if time.monotonic() >= next_check:
-            _raise_on_lost_workers(client, plan, futures)
+            _raise_on_lost_workers(client, plan, futures, since)
             running = [a for a, f in zip(plan, futures, strict=True) if not f.done()]
             if stalled := watch.stalled(running):
                 _raise_on_failures(plan, futures, "failed")  # a rank's own error comes first
                 raise LaunchError(describe("stalled", stalled), stalled)
             next_check = time.monotonic() + WORKER_CHECK_S
         time.sleep(POLL_S)
-    _raise_on_failures(plan, futures, "failed", client)
+    _raise_on_failures(plan, futures, "failed", client, since)
 
 
 def _raise_on_lost_workers(
-    client: distributed.Client, plan: list[RankAssignment], futures: list[distributed.Future]
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    since: float,
 ) -> None:
     """A rank whose worker left the cluster never finishes: Dask keeps its pinned task
     waiting for that worker. With peers, their collectives fail; a group of one, or one
-    whose peers are done, would wait forever without this check."""
+    whose peers are done, would wait forever without this check.
+
+    A worker asked to leave (`retire_workers`) first stops its rank at the group's next
+    control step (ddpflow.distributed.leaving): the group is waited for, so that the
+    relaunch starts from that step's checkpoint, and the cause names the stop."""
     current = cluster_workers(client)
+    gone = [a.worker_address not in current for a in plan]
+    left = [a for a, f, g in zip(plan, futures, gone, strict=True) if g and not f.done()]
+    if not left:
+        return
+    stopping = stopping_workers(client, [a.worker_address for a in left], since)
+    if stopping:
+        wait_for_group_stop(client, futures, [not g for g in gone], stopping, since)
     failures = [
-        RankFailure(a.rank, a.worker_address, WORKER_LEFT)
-        for a, f in zip(plan, futures, strict=True)
-        if not f.done() and a.worker_address not in current
+        RankFailure(a.rank, a.worker_address, left_cause(a.worker_address, stopping, WORKER_LEFT))
+        for a in left
     ]
-    if failures:
-        raise LaunchError(describe("failed", failures), failures)
+    failures += [
+        RankFailure(a.rank, a.worker_address, _cause(f))
+        for a, f in zip(plan, futures, strict=True)
+        if a not in left and f.status in ("error", "cancelled", "lost")
+    ]
+    failures.sort(key=_by_rank)
+    raise LaunchError(describe("stopped" if stopping else "failed", failures), failures)
 
 
 def _raise_on_failures(
@@ -112,20 +132,35 @@ def _raise_on_failures(
     futures: list[distributed.Future],
     verb: str,
     client: distributed.Client | None = None,
+    since: float = 0.0,
 ) -> None:
-    failures = [
+    failures = _failed_ranks(plan, futures)
+    if failures:
+        if client is not None:
+            lost = _lost_peers(client, plan, futures, since)
+            # A peer whose own error arrived meanwhile is named by it (a stopping rank's
+            # StopRequested comes milliseconds after its peer's, and its worker then goes).
+            failures = _failed_ranks(plan, futures)
+            failed = {f.rank for f in failures}
+            failures = sorted(failures + [f for f in lost if f.rank not in failed], key=_by_rank)
+        raise LaunchError(describe(verb, failures), failures)
+
+
+def _failed_ranks(
+    plan: list[RankAssignment], futures: list[distributed.Future]
+) -> list[RankFailure]:
+    return [
         RankFailure(a.rank, a.worker_address, _cause(f))
         for a, f in zip(plan, futures, strict=True)
         if f.status in ("error", "cancelled", "lost")
     ]
-    if failures:
-        if client is not None:
-            failures = sorted(failures + _lost_peers(client, plan, failures), key=_by_rank)
-        raise LaunchError(describe(verb, failures), failures)
 
 
 def _lost_peers(
-    client: distributed.Client, plan: list[RankAssignment], failed: list[RankFailure]
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    futures: list[distributed.Future],
+    since: float,
 ) -> list[RankFailure]:
     """The other ranks whose worker is gone. A killed worker's peer fails first, with a
     "connection reset" naming no one; the dead worker is what the user needs to know.
@@ -134,16 +169,21 @@ def _lost_peers(
     this looks again for up to LOST_PEER_GRACE_S: a short delay on a failure that a
     restart takes many seconds to heal anyway.
     """
-    others = [a for a in plan if a.rank not in {f.rank for f in failed}]
     deadline = time.monotonic() + LOST_PEER_GRACE_S
-    while others:
+    while others := [a for a, f in zip(plan, futures, strict=True) if not f.done()]:
         try:
             current = cluster_workers(client)
         except Exception:  # noqa: BLE001 - the group's own failure must come through
             return []
         lost = [a for a in others if a.worker_address not in current]
         if lost or time.monotonic() >= deadline:
-            return [RankFailure(a.rank, a.worker_address, WORKER_LEFT) for a in lost]
+            # A peer that stopped at a leaver's request (StopRequested) comes in first.
+            addresses = [a.worker_address for a in lost]
+            stopping = stopping_workers(client, addresses, since, notice_s=0) if lost else {}
+            return [
+                RankFailure(a.rank, a.worker_address, left_cause(addr, stopping, WORKER_LEFT))
+                for a, addr in zip(lost, addresses, strict=True)
+            ]
         time.sleep(POLL_S)
     return []
 
