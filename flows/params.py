@@ -25,6 +25,15 @@ from pydantic import (
 )
 
 from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.param_types import (
+    BatchSize,
+    Dropout,
+    Epochs,
+    HiddenSize,
+    LearningRate,
+    NumLayers,
+    Seed,
+)
 from ddpflow.redact import has_credentials, redact_text, redact_url
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
 
@@ -32,13 +41,6 @@ from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
 # torch.distributed cannot represent the timeout at all.
 MAX_RANK_TIMEOUT_S = 7 * 24 * 3600.0
 
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
-BatchSize = Annotated[int, Field(ge=1)]
-LearningRate = Annotated[float, Field(gt=0, le=10)]
-HiddenSize = Annotated[int, Field(ge=1, le=8192)]
-NumLayers = Annotated[int, Field(ge=1, le=64)]
-Dropout = Annotated[float, Field(ge=0, lt=1)]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 KeepLast = Annotated[int, Field(ge=1)]
 # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns each trigger off.
