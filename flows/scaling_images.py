@@ -10,6 +10,7 @@ Run it: `python -m flows.scaling_images --epochs 3 --world-sizes 1,2 --target-ac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ddpflow import storage
 from ddpflow.config import Settings
@@ -18,10 +19,11 @@ from ddpflow.scaling import Target
 from ddpflow.tracking import RunRef, failed_on_error
 from ddpflow.train_loop import EpochStats
 from flows.cli import run_cli
+from flows.defaults import SCALING_IMAGES
 from flows.inspection import tag_flow_run
+from flows.param_flow import FlowParameters, flow
 from flows.params import ImageParams, ScalingParams, validate_params
 from flows.preflight import run_preflight
-from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.scaling import (
     NOT_REGISTERED,
@@ -42,41 +44,22 @@ TABLE_KEY = "images-scaling"
 SCALING_FIELDS = ("world_sizes", "target_accuracy")
 
 
-@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
-def scaling_images(
-    source: str | None = None,
-    world_sizes: str | None = None,
-    target_accuracy: float | None = None,
-    arch: str = "resnet18",
-    weights: str = "none",
-    freeze_backbone: bool = False,
-    image_size: int = 32,
-    resize: str = "crop",
-    val_fraction: float = 0.2,
-    epochs: int = 5,
-    batch_size: int = 32,
-    lr: float = 0.001,
-    optimizer: str = "adam",
-    lr_patience: int = 2,
-    seed: int = 0,
-    max_bad_fraction: float = 0.01,
-    max_image_mb: float = 20.0,
-    keep_last: int = 1,
-    rank_timeout_s: float = 120.0,
-    max_restarts: int = 2,
-    experiment: str = "ddpflow-images-scaling",
-    precision: str = "auto",
-    channels_last: str | bool = "auto",
-    pin_memory: str | bool = "auto",
-    compile: bool = False,
-) -> ScalingSummary:
-    """Fine-tune the ResNet at each world size in turn and compare the throughput."""
-    values = dict(locals())
+def _check(values: dict[str, Any]) -> tuple[ScalingParams, ImageParams]:
     scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
     # The training's own parameter checks; what a scaling run sets itself is filled in.
-    params = validate_params(
+    training = validate_params(
         ImageParams, {**values, "world_size": None, "model_name": NOT_REGISTERED}
     )
+    return scaling, training
+
+
+PARAMETERS = FlowParameters(SCALING_IMAGES, (ScalingParams, ImageParams), _check)
+
+
+@flow(PARAMETERS, name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
+def scaling_images(checked: tuple[ScalingParams, ImageParams]) -> ScalingSummary:
+    """Fine-tune the ResNet at each world size in turn and compare the throughput."""
+    scaling, params = checked
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any data is read
