@@ -92,10 +92,12 @@ class FlowParameters(Generic[P]):
 
 
 def limits(info: FieldInfo) -> str:
-    """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam or sgd"."""
+    """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam, sgd"."""
     choices = _literal_values(info.annotation)
     if choices:
-        return " or ".join(str(c) for c in choices)
+        return ", ".join(str(c) for c in choices)
+    if any(getattr(m, "min_length", None) for m in info.metadata):
+        return "not empty"
     found = bounds_of(info)
     if found.keys() == {"ge", "le"}:
         return f"{_number(found['ge'])} to {_number(found['le'])}"
@@ -112,8 +114,9 @@ def _literal_values(annotation: Any) -> list[Any]:
     if _is_union(annotation):
         members = typing.get_args(annotation)
         if any(typing.get_origin(m) is Literal for m in members):
-            # bool | Literal["auto"]: the values a user types.
-            return [v for m in members for v in (_literal_values(m) or _bool_values(m))]
+            # bool | Literal["auto"]: the values a user types, the named ones first.
+            ordered = sorted(members, key=lambda m: typing.get_origin(m) is not Literal)
+            return [v for m in ordered for v in (_literal_values(m) or _bool_values(m))]
     return []
 
 

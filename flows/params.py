@@ -50,7 +50,7 @@ from ddpflow.param_types import (
     WorldSize,
 )
 from ddpflow.redact import has_credentials, redact_text, redact_url
-from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
+from flows.defaults import TRAIN_CHARLM, TRAIN_IMAGES
 
 # What to pass instead, per field, appended to pydantic's message (which says what is wrong).
 FIXES = {
@@ -111,7 +111,11 @@ class _Params(BaseModel):
 
 
 class CharLMParams(_Params):
-    """The pet-name training's parameters (train-charlm, retrain-charlm, scaling-charlm)."""
+    """The pet-name training's parameters (train-charlm, retrain-charlm, scaling-charlm).
+
+    A flow passes every field, its defaults filled in from flows.defaults. Validated
+    directly, a field without a default here is required (leaving out `epochs` is an
+    error); the defaults that are here are read from flows.defaults, not written again."""
 
     source: Name = Field(description=SOURCE_HELP)
     epochs: Epochs
@@ -126,19 +130,19 @@ class CharLMParams(_Params):
     seed: Seed
     holdout_fraction: Fraction = Field(description=HOLDOUT_HELP)
     keep_last: KeepLast
-    checkpoint_every_steps: CheckpointEverySteps = 0
-    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
+    checkpoint_every_steps: CheckpointEverySteps = TRAIN_CHARLM["checkpoint_every_steps"]
+    checkpoint_every_s: CheckpointEveryS = TRAIN_CHARLM["checkpoint_every_s"]
     num_names: int = Field(ge=0, le=10_000, description="names generated at evaluation")
     rank_timeout_s: RankTimeout
     model_name: ModelName
     experiment: Experiment
-    max_restarts: MaxRestarts = 2
+    max_restarts: MaxRestarts = TRAIN_CHARLM["max_restarts"]
     min_workers: int | None = Field(
         default=None, ge=1, description="fewest ranks a relaunch may go on with; unset: all"
     )
-    precision: Precision = "auto"
-    pin_memory: PinMemory = "auto"
-    compile: Compile = False
+    precision: Precision = TRAIN_CHARLM["precision"]
+    pin_memory: PinMemory = TRAIN_CHARLM["pin_memory"]
+    compile: Compile = TRAIN_CHARLM["compile"]
 
     # Before the length check, so a blank source is rejected rather than stripped to "".
     @field_validator("source", mode="before")
@@ -238,7 +242,7 @@ class ImageParams(_Params):
 
     source: str | None = Field(
         default=None,
-        description="image folder <root>/<class>/<image>, local or s3://; unset: the digits demo",
+        description="image folder, one subfolder per class, local or s3://; unset: the digits demo",
     )
     arch: Literal["resnet18", "resnet50"] = Field(description="torchvision ResNet")
     weights: str = Field(min_length=1, description="none, imagenet or a state_dict URI")
@@ -258,20 +262,23 @@ class ImageParams(_Params):
     max_bad_fraction: float = Field(
         ge=0, lt=1, description="share of unreadable images tolerated (skipped and listed)"
     )
-    max_image_mb: float = Field(default=20.0, gt=0, le=1024, description="cap per image file, MiB")
+    max_image_mb: float = Field(
+        default=TRAIN_IMAGES["max_image_mb"], gt=0, le=1024, description="cap per image file, MiB"
+    )
     keep_last: KeepLast
-    checkpoint_every_steps: CheckpointEverySteps = 0
-    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
+    checkpoint_every_steps: CheckpointEverySteps = TRAIN_IMAGES["checkpoint_every_steps"]
+    checkpoint_every_s: CheckpointEveryS = TRAIN_IMAGES["checkpoint_every_s"]
     rank_timeout_s: RankTimeout
-    max_restarts: MaxRestarts = 2
+    max_restarts: MaxRestarts = TRAIN_IMAGES["max_restarts"]
     model_name: ModelName
     experiment: Experiment
-    precision: Precision = "auto"
+    precision: Precision = TRAIN_IMAGES["precision"]
     channels_last: AutoToggle = Field(
-        default="auto", description="channels_last memory format: auto (on for GPUs), true or false"
+        default=TRAIN_IMAGES["channels_last"],
+        description="channels_last memory format: auto (on for GPUs), true or false",
     )
-    pin_memory: PinMemory = "auto"
-    compile: Compile = False
+    pin_memory: PinMemory = TRAIN_IMAGES["pin_memory"]
+    compile: Compile = TRAIN_IMAGES["compile"]
 
     @field_validator("source", "weights", mode="before")
     @classmethod
