@@ -13,11 +13,21 @@ from typing import Any, get_type_hints
 import pytest
 import yaml
 
+from ddpflow.param_types import bounds_of
 from ddpflow.sweep.config import TrialConfig, validate_trial
 from flows import defaults, param_docs
 from flows.cli import run_cli
 from flows.param_flow import FlowParameters, declared, wire_type
-from flows.params import CharLMParams, ImageParams, ParameterError, SweepParams, validate_params
+from flows.params import (
+    FIXES,
+    CharLMParams,
+    ImageParams,
+    ParameterError,
+    RetrainParams,
+    ScalingParams,
+    SweepParams,
+    validate_params,
+)
 from tests.integration.conftest import REPO
 
 FLOWS = param_docs.flows()
@@ -156,10 +166,10 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 )
 def test_a_planted_docs_drift_is_caught(planted: str, found: str) -> None:
     tables = {name: param_docs.table(flow) for name, flow in FLOWS.items()}
-    text = (REPO / "docs" / "charlm.md").read_text()
-    assert planted in text
-    drifted = text.replace(planted, found, 1)
-    assert param_docs.render(drifted, tables) == text != drifted
+    fresh = param_docs.render((REPO / "docs" / "charlm.md").read_text(), tables)
+    assert planted in fresh
+    drifted = fresh.replace(planted, found, 1)
+    assert param_docs.render(drifted, tables) == fresh != drifted
 
 
 def _deployments() -> list[dict[str, Any]]:
@@ -182,3 +192,20 @@ def test_deployment_parameters_are_declared_valid_and_not_copies(entry) -> None:
     parameters.check(dict(given))  # within the declared limits (ParameterError otherwise)
     copies = {k: v for k, v in given.items() if parameters.defaults[k] == v}
     assert copies == {}, "a deployment states only what differs from the flow's defaults"
+
+
+MODELS = (CharLMParams, ImageParams, SweepParams, ScalingParams, RetrainParams)
+
+
+@pytest.mark.parametrize("field", sorted(FIXES))
+def test_each_fix_quotes_the_declared_bounds(field: str) -> None:
+    # The fixes are prose ("pass an integer from 1 to 8192, e.g. 128"); a changed bound must
+    # change its fix too. "positive" stands for a lower bound of 1 (or above 0).
+    fix = FIXES[field].replace(",", "")
+    declared_in = [m.model_fields[field] for m in MODELS if field in m.model_fields]
+    assert declared_in, f"a fix for {field}, which no model declares"
+    for info in declared_in:
+        for kind, bound in bounds_of(info).items():
+            positive = (kind, bound) in (("ge", 1), ("gt", 0)) and "positive" in fix
+            shown = str(bound) if isinstance(bound, int) else f"{bound:g}"
+            assert positive or shown in fix, (field, kind, bound)
