@@ -81,7 +81,7 @@ class FlowParameters(Generic[P]):
             [
                 inspect.Parameter(
                     name,
-                    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                    inspect.Parameter.KEYWORD_ONLY,  # the function takes **values only
                     default=default,
                     annotation=wire_type(self.fields[name].annotation),
                 )
