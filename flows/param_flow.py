@@ -27,7 +27,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from prefect.utilities.hashing import file_hash
 from pydantic import BaseModel
@@ -38,20 +38,23 @@ from flows.params import validate_params
 from flows.redacted_flow import RedactedParamsFlow
 from flows.redacted_flow import flow as redacted_flow
 
-P = TypeVar("P")
 R = TypeVar("R")
 
 
 @dataclass(frozen=True)
-class FlowParameters(Generic[P]):
+class FlowParameters:
     """A flow's parameters: `defaults` names them, in order, with their defaults; `models`
-    declare each one's type, bounds and help (the first model that has the field);
-    `validate` turns the values into what the flow function takes (by default the first
-    model, checked by flows.params.validate_params)."""
+    declare each one's type, bounds and help and check them.
+
+    With one model the flow function gets that model; with several, a tuple with one
+    instance per model, in order: each model but the last takes the fields it declares,
+    and the last the rest plus `fixed` (values the flow sets itself, not parameters). No
+    callable lives here: a flow run's context, this included, is pickled to the Dask
+    scheduler, which cannot import a flow module loaded by Prefect from its file path."""
 
     defaults: Mapping[str, Any]
     models: tuple[type[BaseModel], ...]
-    validate: Callable[[dict[str, Any]], P] | None = None
+    fixed: Mapping[str, Any] = field(default_factory=dict)
     fields: dict[str, FieldInfo] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -63,12 +66,17 @@ class FlowParameters(Generic[P]):
             fields[name] = declared[0]
         object.__setattr__(self, "fields", fields)
 
-    def check(self, values: Mapping[str, Any]) -> P:
+    def check(self, values: Mapping[str, Any]) -> Any:
         """The flow function's argument from the values given, defaults filled in."""
-        complete = {**self.defaults, **values}
-        if self.validate is not None:
-            return self.validate(complete)
-        return validate_params(self.models[0], complete)  # type: ignore[return-value]
+        rest = {**self.defaults, **values}
+        *extras, main = self.models
+        # The extras first: retrain's margin or a scaling run's sizes, as the flows did.
+        checked = [
+            validate_params(model, {k: rest.pop(k) for k in list(rest) if k in model.model_fields})
+            for model in extras
+        ]
+        training = validate_params(main, {**rest, **self.fixed})
+        return (*checked, training) if extras else training
 
     def help(self, name: str) -> str:
         """The declared description, with the declared limits ("1 to 64") after it."""
@@ -141,12 +149,12 @@ def wire_type(annotation: Any) -> Any:
 
 
 def flow(
-    parameters: FlowParameters[P], **options: Any
-) -> Callable[[Callable[[P], R]], RedactedParamsFlow]:
+    parameters: FlowParameters, **options: Any
+) -> Callable[[Callable[[Any], R]], RedactedParamsFlow]:
     """Prefect's `@flow(**options)` (recorded parameters redacted) on a function of the
     validated parameters, called with one keyword per declared parameter."""
 
-    def decorate(fn: Callable[[P], R]) -> RedactedParamsFlow:
+    def decorate(fn: Callable[[Any], R]) -> RedactedParamsFlow:
         def with_parameters(**values: Any) -> R:
             return fn(parameters.check(values))
 
@@ -173,6 +181,6 @@ def flow(
     return decorate
 
 
-def declared(flow: RedactedParamsFlow) -> FlowParameters[Any]:
+def declared(flow: RedactedParamsFlow) -> FlowParameters:
     """The parameter declaration a flow was built from."""
     return flow.fn.__flow_parameters__  # type: ignore[attr-defined]

@@ -12,40 +12,24 @@ promotion lock in the registry (`ddpflow.promotion_lock`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from ddpflow.charlm.champion import Decision
 from ddpflow.config import Settings
 from flows.charlm_pipeline import run_charlm_pipeline
 from flows.cli import run_cli
 from flows.defaults import RETRAIN_CHARLM
 from flows.param_flow import FlowParameters, flow
-from flows.params import CharLMParams, RetrainParams, validate_params
+from flows.params import CharLMParams, RetrainParams
 from flows.runner import dask_task_runner
 from tasks.retrain import score_and_promote
 
-
-@dataclass(frozen=True)
-class Retrain:
-    """The challenger's training parameters and the promotion rule's margin."""
-
-    training: CharLMParams
-    margin: float
-
-
-def _check(values: dict[str, Any]) -> Retrain:
-    rule = validate_params(RetrainParams, {"margin": values.pop("margin")})
-    return Retrain(validate_params(CharLMParams, values), rule.margin)
-
-
-PARAMETERS = FlowParameters(RETRAIN_CHARLM, (CharLMParams, RetrainParams), _check)
+PARAMETERS = FlowParameters(RETRAIN_CHARLM, (RetrainParams, CharLMParams))
 
 
 @flow(PARAMETERS, name="retrain-charlm", task_runner=dask_task_runner(), log_prints=True)
-def retrain_charlm(retrain: Retrain) -> Decision:
+def retrain_charlm(checked: tuple[RetrainParams, CharLMParams]) -> Decision:
     """Train a challenger and promote it to `champion` only if it is better by `margin`."""
-    params, margin = retrain.training, retrain.margin
+    rule, params = checked
+    margin = rule.margin
     settings = Settings.from_env()
     summary, run, corpus = run_charlm_pipeline(
         params, settings, tags={"ddpflow.role": "challenger"}

@@ -10,7 +10,6 @@ Run it: `python -m flows.scaling_charlm --epochs 3 --world-sizes 1,2 --target-lo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ddpflow import storage
 from ddpflow.config import Settings
@@ -23,7 +22,7 @@ from flows.cli import run_cli
 from flows.defaults import SCALING_CHARLM
 from flows.inspection import tag_flow_run
 from flows.param_flow import FlowParameters, flow
-from flows.params import CharLMParams, ScalingParams, validate_params
+from flows.params import CharLMParams, ScalingParams
 from flows.preflight import run_preflight
 from flows.runner import dask_task_runner
 from flows.scaling import (
@@ -41,20 +40,14 @@ from tasks.charlm import train_ddp
 
 WORKLOAD = "charlm-scaling"
 TABLE_KEY = "charlm-scaling"
-SCALING_FIELDS = ("world_sizes", "target_loss")
 
 
-def _check(values: dict[str, Any]) -> tuple[ScalingParams, CharLMParams]:
-    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
-    # The training's own parameter checks; what a scaling run sets itself is filled in.
-    training = validate_params(
-        CharLMParams,
-        {**values, "world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
-    )
-    return scaling, training
-
-
-PARAMETERS = FlowParameters(SCALING_CHARLM, (ScalingParams, CharLMParams), _check)
+# What a scaling run sets itself, for the training's own parameter checks.
+PARAMETERS = FlowParameters(
+    SCALING_CHARLM,
+    (ScalingParams, CharLMParams),
+    fixed={"world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
+)
 
 
 @flow(PARAMETERS, name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)

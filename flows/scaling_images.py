@@ -10,7 +10,6 @@ Run it: `python -m flows.scaling_images --epochs 3 --world-sizes 1,2 --target-ac
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from ddpflow import storage
 from ddpflow.config import Settings
@@ -22,7 +21,7 @@ from flows.cli import run_cli
 from flows.defaults import SCALING_IMAGES
 from flows.inspection import tag_flow_run
 from flows.param_flow import FlowParameters, flow
-from flows.params import ImageParams, ScalingParams, validate_params
+from flows.params import ImageParams, ScalingParams
 from flows.preflight import run_preflight
 from flows.runner import dask_task_runner
 from flows.scaling import (
@@ -41,19 +40,14 @@ from tasks.images import train_ddp
 
 WORKLOAD = "images-scaling"
 TABLE_KEY = "images-scaling"
-SCALING_FIELDS = ("world_sizes", "target_accuracy")
 
 
-def _check(values: dict[str, Any]) -> tuple[ScalingParams, ImageParams]:
-    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
-    # The training's own parameter checks; what a scaling run sets itself is filled in.
-    training = validate_params(
-        ImageParams, {**values, "world_size": None, "model_name": NOT_REGISTERED}
-    )
-    return scaling, training
-
-
-PARAMETERS = FlowParameters(SCALING_IMAGES, (ScalingParams, ImageParams), _check)
+# What a scaling run sets itself, for the training's own parameter checks.
+PARAMETERS = FlowParameters(
+    SCALING_IMAGES,
+    (ScalingParams, ImageParams),
+    fixed={"world_size": None, "model_name": NOT_REGISTERED},
+)
 
 
 @flow(PARAMETERS, name="scaling-images", task_runner=dask_task_runner(), log_prints=True)

@@ -209,3 +209,44 @@ def test_each_fix_quotes_the_declared_bounds(field: str) -> None:
             positive = (kind, bound) in (("ge", 1), ("gt", 0)) and "positive" in fix
             shown = str(bound) if isinstance(bound, int) else f"{bound:g}"
             assert positive or shown in fix, (field, kind, bound)
+
+
+# Known, and older than the declared parameters: these flows' bodies call helpers of their
+# own module, which cloudpickle pickles by reference to the file-path module.
+BODY_HELPERS = pytest.mark.xfail(
+    strict=True, reason="the flow body calls functions of its own file-path module"
+)
+
+
+@pytest.mark.parametrize(
+    "entrypoint",
+    [
+        "flows/train_charlm.py:train_charlm",
+        "flows/retrain_charlm.py:retrain_charlm",
+        "flows/scaling_charlm.py:scaling_charlm",
+        "flows/scaling_images.py:scaling_images",
+        pytest.param("flows/sweep_charlm.py:sweep_charlm", marks=BODY_HELPERS),
+        pytest.param("flows/train_images.py:train_images", marks=BODY_HELPERS),
+    ],
+)
+def test_a_flow_loaded_from_its_file_unpickles_where_that_file_is_no_module(entrypoint) -> None:
+    # A deployment run loads the flow from `flows/x.py` (module "x"), and a task submitted
+    # to Dask pickles the flow run's context, the flow included: the scheduler, which has
+    # no module "x", must be able to unpickle it (a parameter check defined in
+    # flows/retrain_charlm.py was "No module named 'retrain_charlm'" there).
+    import subprocess
+    import sys
+
+    import cloudpickle
+    from prefect.flows import load_flow_from_entrypoint
+
+    flow = load_flow_from_entrypoint(str(REPO / entrypoint))
+    result = subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
+        input=cloudpickle.dumps(flow),
+        capture_output=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
