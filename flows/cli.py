@@ -83,13 +83,18 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
         prog=f"python -m flows.{module.split('.')[-1]}", description=flow.description
     )
     hints = typing.get_type_hints(flow.fn)  # resolves `from __future__` string annotations
+    # Each parameter's help as Prefect's parameter schema shows it (flows.param_flow).
+    schema = flow.parameters.properties
     for name, param in inspect.signature(flow.fn).parameters.items():
+        described = schema.get(name, {}).get("description")
         parser.add_argument(
             f"--{name.replace('_', '-')}",
             dest=name,
             default=param.default,
             type=_arg_type(hints.get(name, param.annotation)),
-            help=f"default: {param.default!r}",
+            help=f"{described.replace('%', '%%')}; default: {param.default!r}"
+            if described
+            else f"default: {param.default!r}",
         )
     args = vars(parser.parse_args(argv))
     # The ephemeral API server would try to send telemetry over a network we may not have.

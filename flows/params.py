@@ -7,16 +7,16 @@ can read either. Credentials belong in the environment, where s3fs and the HTTP 
 already look for them. The refusal names the URI redacted, and the flow's recorded
 parameters are redacted too (flows.redacted_flow).
 
-The limits shared by several flows are defined once, below, as annotated types.
+The types, bounds and help shared by several flows are declared once, as annotated types,
+in ddpflow.param_types; each flow's defaults are in flows.defaults.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -25,46 +25,32 @@ from pydantic import (
 )
 
 from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.param_types import (
+    MAX_RANK_TIMEOUT_S,
+    AutoToggle,
+    BatchSize,
+    CheckpointEveryS,
+    CheckpointEverySteps,
+    Compile,
+    Dropout,
+    Epochs,
+    Experiment,
+    Fraction,
+    HiddenSize,
+    KeepLast,
+    LearningRate,
+    MaxRestarts,
+    ModelName,
+    Name,
+    NumLayers,
+    PinMemory,
+    Precision,
+    RankTimeout,
+    Seed,
+    WorldSize,
+)
 from ddpflow.redact import has_credentials, redact_text, redact_url
-from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
-
-# A rank that makes no progress for a week is stuck; past this, timedelta overflows and
-# torch.distributed cannot represent the timeout at all.
-MAX_RANK_TIMEOUT_S = 7 * 24 * 3600.0
-
-Seed = Annotated[int, Field(ge=0, le=MAX_SEED)]
-Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS)]
-BatchSize = Annotated[int, Field(ge=1)]
-LearningRate = Annotated[float, Field(gt=0, le=10)]
-HiddenSize = Annotated[int, Field(ge=1, le=8192)]
-NumLayers = Annotated[int, Field(ge=1, le=64)]
-Dropout = Annotated[float, Field(ge=0, lt=1)]
-Fraction = Annotated[float, Field(gt=0, lt=1)]
-KeepLast = Annotated[int, Field(ge=1)]
-# Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns each trigger off.
-CheckpointEverySteps = Annotated[int, Field(ge=0, description="0: no step-count checkpoints")]
-CheckpointEveryS = Annotated[
-    float, Field(ge=0, le=MAX_RANK_TIMEOUT_S, description="0: no time-based checkpoints")
-]
-RankTimeout = Annotated[float, Field(gt=0, le=MAX_RANK_TIMEOUT_S)]
-Name = Annotated[str, Field(min_length=1)]
-# Speed settings (ddpflow.speed): "auto" picks per device on each rank (fp32, no
-# channels_last and no pinning on CPU).
-Precision = Literal["auto", "fp32", "bf16", "fp16"]
-
-
-def _toggle(value: object) -> object:
-    # One message for a bad value instead of pydantic's one per union member; the CLI
-    # passes these as text.
-    text = str(value).strip().lower()
-    if isinstance(value, bool) or text == "auto":
-        return value if isinstance(value, bool) else "auto"
-    if text in ("true", "false"):
-        return text == "true"
-    raise ValueError("is not true, false or auto")
-
-
-AutoToggle = Annotated[bool | Literal["auto"], BeforeValidator(_toggle)]
+from flows.defaults import TRAIN_CHARLM, TRAIN_IMAGES
 
 # What to pass instead, per field, appended to pydantic's message (which says what is wrong).
 FIXES = {
@@ -93,6 +79,7 @@ FIXES = {
     "channels_last": "pass auto (on for GPUs), true or false",
     "pin_memory": "pass auto (on for GPUs), true or false",
     "compile": "pass true or false",
+    "margin": "pass a loss difference of 0 or more, e.g. 0.05",
 }
 
 CREDENTIALS_FIX = (
@@ -109,6 +96,10 @@ def refuse_credentials(value: object) -> object:
     return value
 
 
+SOURCE_HELP = "any fsspec URL of a JSON list of names: local path, https://..., s3://..."
+HOLDOUT_HELP = "share of distinct names held out (the split is fixed by a hash of each name)"
+
+
 class ParameterError(ValueError):
     """Raised before any work starts when a flow parameter is unusable."""
 
@@ -120,28 +111,38 @@ class _Params(BaseModel):
 
 
 class CharLMParams(_Params):
-    source: Name
+    """The pet-name training's parameters (train-charlm, retrain-charlm, scaling-charlm).
+
+    A flow passes every field, its defaults filled in from flows.defaults. Validated
+    directly, a field without a default here is required (leaving out `epochs` is an
+    error); the defaults that are here are read from flows.defaults, not written again."""
+
+    source: Name = Field(description=SOURCE_HELP)
     epochs: Epochs
-    batch_size: BatchSize = Field(description="samples per rank per step")
+    batch_size: BatchSize = Field(
+        description="samples per rank per step (global batch: batch_size x world_size)"
+    )
     lr: LearningRate
     hidden_size: HiddenSize
     num_layers: NumLayers
     dropout: Dropout
-    world_size: int | None = Field(default=None, ge=1, description="None: every worker")
+    world_size: WorldSize = None
     seed: Seed
-    holdout_fraction: Fraction
+    holdout_fraction: Fraction = Field(description=HOLDOUT_HELP)
     keep_last: KeepLast
-    checkpoint_every_steps: CheckpointEverySteps = 0
-    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
-    num_names: int = Field(ge=0, le=10_000)
+    checkpoint_every_steps: CheckpointEverySteps = TRAIN_CHARLM["checkpoint_every_steps"]
+    checkpoint_every_s: CheckpointEveryS = TRAIN_CHARLM["checkpoint_every_s"]
+    num_names: int = Field(ge=0, le=10_000, description="names generated at evaluation")
     rank_timeout_s: RankTimeout
-    model_name: Name
-    experiment: Name
-    max_restarts: int = Field(default=2, ge=0, le=100)
-    min_workers: int | None = Field(default=None, ge=1, description="None: the world size")
-    precision: Precision = "auto"
-    pin_memory: AutoToggle = "auto"
-    compile: bool = False
+    model_name: ModelName
+    experiment: Experiment
+    max_restarts: MaxRestarts = TRAIN_CHARLM["max_restarts"]
+    min_workers: int | None = Field(
+        default=None, ge=1, description="fewest ranks a relaunch may go on with; unset: all"
+    )
+    precision: Precision = TRAIN_CHARLM["precision"]
+    pin_memory: PinMemory = TRAIN_CHARLM["pin_memory"]
+    compile: Compile = TRAIN_CHARLM["compile"]
 
     # Before the length check, so a blank source is rejected rather than stripped to "".
     @field_validator("source", mode="before")
@@ -163,9 +164,13 @@ class SweepParams(_Params):
     """The sweep's parameters. Trials (grid or list, exactly one) are checked per trial by
     ddpflow.sweep, so one bad trial is reported while the others run."""
 
-    source: Name
-    grid: dict[str, Any] | None = Field(default=None, description="field -> list of values")
-    trials: list[Any] | None = Field(default=None, description="list of {field: value}")
+    source: Name = Field(description=SOURCE_HELP)
+    grid: dict[str, Any] | None = Field(
+        default=None, description="trial field -> list of values, expanded to every combination"
+    )
+    trials: list[Any] | None = Field(
+        default=None, description="list of {trial field: value}; pass grid or trials"
+    )
     # Defaults for every trial field a grid or trial does not set; checked here so a bad
     # default fails the sweep up front instead of failing every trial.
     epochs: Epochs
@@ -175,13 +180,13 @@ class SweepParams(_Params):
     num_layers: NumLayers
     dropout: Dropout
     seed: Seed
-    ranks_per_trial: int = Field(ge=1)
-    holdout_fraction: Fraction
+    ranks_per_trial: int = Field(ge=1, description="DDP ranks (Dask workers) of each trial")
+    holdout_fraction: Fraction = Field(description=HOLDOUT_HELP)
     keep_last: KeepLast
     rank_timeout_s: RankTimeout
-    model_name: Name
-    experiment: Name
-    promote: bool
+    model_name: ModelName = Field(description="MLflow registered model of the best trial")
+    experiment: Experiment
+    promote: bool = Field(description="give the best trial the champion alias if it beats it")
 
     @field_validator("source", mode="before")
     @classmethod
@@ -189,13 +194,27 @@ class SweepParams(_Params):
         return refuse_credentials(value.strip() if isinstance(value, str) else value)
 
 
+class RetrainParams(_Params):
+    """What retrain-charlm adds to the training's parameters: the promotion rule."""
+
+    margin: float = Field(
+        ge=0, description="how much lower the challenger's holdout loss must be to promote it"
+    )
+
+
 class ScalingParams(_Params):
     """What a scaling flow adds to its training flow's parameters (validated by those).
     `world_sizes` is parsed and fitted to the cluster by ddpflow.scaling."""
 
-    world_sizes: str | None = Field(default=None, description="e.g. 1,2,4; None: 1..N")
-    target_loss: float | None = Field(default=None, gt=0, description="val loss to reach")
-    target_accuracy: float | None = Field(default=None, gt=0, le=1, description="to reach")
+    world_sizes: str | None = Field(
+        default=None, description="world sizes to train at, e.g. 1,2,4; unset: 1 to all workers"
+    )
+    target_loss: float | None = Field(
+        default=None, gt=0, description="validation loss for the time-to-target column"
+    )
+    target_accuracy: float | None = Field(
+        default=None, gt=0, le=1, description="validation accuracy for the time-to-target column"
+    )
 
 
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:
@@ -221,33 +240,45 @@ def _describe(error: dict) -> str:
 class ImageParams(_Params):
     """The image flow's parameters (train-images)."""
 
-    source: str | None = Field(default=None, description="None: the digits demo folder")
-    arch: Literal["resnet18", "resnet50"]
+    source: str | None = Field(
+        default=None,
+        description="image folder, one subfolder per class, local or s3://; unset: the digits demo",
+    )
+    arch: Literal["resnet18", "resnet50"] = Field(description="torchvision ResNet")
     weights: str = Field(min_length=1, description="none, imagenet or a state_dict URI")
-    freeze_backbone: bool
-    image_size: int = Field(ge=8, le=1024)
-    resize: Literal["crop", "stretch"]
-    val_fraction: Fraction
+    freeze_backbone: bool = Field(description="train only the new classifier head")
+    image_size: int = Field(ge=8, le=1024, description="side of the square model input, pixels")
+    resize: Literal["crop", "stretch"] = Field(description="how an image becomes square")
+    val_fraction: Fraction = Field(description="share of each class held out for validation")
     epochs: Epochs
     batch_size: BatchSize = Field(description="images per rank per step")
-    lr: LearningRate = Field(description="base lr, multiplied by world_size")
-    optimizer: Literal["adam", "sgd"]
-    lr_patience: int = Field(ge=0)
-    world_size: int | None = Field(default=None, ge=1, description="None: every worker")
+    lr: LearningRate = Field(description="base learning rate, multiplied by the world size")
+    optimizer: Literal["adam", "sgd"] = Field(description="adam or sgd (momentum 0.9)")
+    lr_patience: int = Field(
+        ge=0, description="epochs without a better val loss before the lr is lowered"
+    )
+    world_size: WorldSize = None
     seed: Seed
-    max_bad_fraction: float = Field(ge=0, lt=1)
-    max_image_mb: float = Field(default=20.0, gt=0, le=1024, description="cap per image file")
+    max_bad_fraction: float = Field(
+        ge=0, lt=1, description="share of unreadable images tolerated (skipped and listed)"
+    )
+    max_image_mb: float = Field(
+        default=TRAIN_IMAGES["max_image_mb"], gt=0, le=1024, description="cap per image file, MiB"
+    )
     keep_last: KeepLast
-    checkpoint_every_steps: CheckpointEverySteps = 0
-    checkpoint_every_s: CheckpointEveryS = DEFAULT_CHECKPOINT_EVERY_S
+    checkpoint_every_steps: CheckpointEverySteps = TRAIN_IMAGES["checkpoint_every_steps"]
+    checkpoint_every_s: CheckpointEveryS = TRAIN_IMAGES["checkpoint_every_s"]
     rank_timeout_s: RankTimeout
-    max_restarts: int = Field(default=2, ge=0, le=100)
-    model_name: Name
-    experiment: Name
-    precision: Precision = "auto"
-    channels_last: AutoToggle = "auto"
-    pin_memory: AutoToggle = "auto"
-    compile: bool = False
+    max_restarts: MaxRestarts = TRAIN_IMAGES["max_restarts"]
+    model_name: ModelName
+    experiment: Experiment
+    precision: Precision = TRAIN_IMAGES["precision"]
+    channels_last: AutoToggle = Field(
+        default=TRAIN_IMAGES["channels_last"],
+        description="channels_last memory format: auto (on for GPUs), true or false",
+    )
+    pin_memory: PinMemory = TRAIN_IMAGES["pin_memory"]
+    compile: Compile = TRAIN_IMAGES["compile"]
 
     @field_validator("source", "weights", mode="before")
     @classmethod

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ddpflow import storage
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target
@@ -20,10 +19,11 @@ from ddpflow.tracking import RunRef, failed_on_error
 from ddpflow.train_loop import EpochStats
 from flows.charlm_pipeline import charlm_job, corpus_datasets, prepare_corpus, start_charlm_run
 from flows.cli import run_cli
+from flows.defaults import SCALING_CHARLM
 from flows.inspection import tag_flow_run
-from flows.params import CharLMParams, ScalingParams, validate_params
+from flows.param_flow import FlowParameters, flow
+from flows.params import CharLMParams, ScalingParams
 from flows.preflight import run_preflight
-from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.scaling import (
     NOT_REGISTERED,
@@ -40,38 +40,20 @@ from tasks.charlm import train_ddp
 
 WORKLOAD = "charlm-scaling"
 TABLE_KEY = "charlm-scaling"
-SCALING_FIELDS = ("world_sizes", "target_loss")
 
 
-@flow(name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
-def scaling_charlm(
-    source: str = str(DEFAULT_CORPUS_PATH),
-    world_sizes: str | None = None,
-    target_loss: float | None = None,
-    epochs: int = 3,
-    batch_size: int = 512,
-    lr: float = 0.005,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    dropout: float = 0.1,
-    seed: int = 0,
-    holdout_fraction: float = 0.1,
-    keep_last: int = 1,
-    rank_timeout_s: float = 120.0,
-    max_restarts: int = 2,
-    experiment: str = "ddpflow-charlm-scaling",
-    precision: str = "auto",
-    pin_memory: str | bool = "auto",
-    compile: bool = False,
-) -> ScalingSummary:
+# What a scaling run sets itself, for the training's own parameter checks.
+PARAMETERS = FlowParameters(
+    SCALING_CHARLM,
+    (ScalingParams, CharLMParams),
+    fixed={"world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
+)
+
+
+@flow(PARAMETERS, name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
+def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummary:
     """Train the pet-name LSTM at each world size in turn and compare the throughput."""
-    values = dict(locals())
-    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
-    # The training's own parameter checks; what a scaling run sets itself is filled in.
-    params = validate_params(
-        CharLMParams,
-        {**values, "world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
-    )
+    scaling, params = checked
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any download

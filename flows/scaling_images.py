@@ -18,10 +18,11 @@ from ddpflow.scaling import Target
 from ddpflow.tracking import RunRef, failed_on_error
 from ddpflow.train_loop import EpochStats
 from flows.cli import run_cli
+from flows.defaults import SCALING_IMAGES
 from flows.inspection import tag_flow_run
-from flows.params import ImageParams, ScalingParams, validate_params
+from flows.param_flow import FlowParameters, flow
+from flows.params import ImageParams, ScalingParams
 from flows.preflight import run_preflight
-from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.scaling import (
     NOT_REGISTERED,
@@ -39,44 +40,20 @@ from tasks.images import train_ddp
 
 WORKLOAD = "images-scaling"
 TABLE_KEY = "images-scaling"
-SCALING_FIELDS = ("world_sizes", "target_accuracy")
 
 
-@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
-def scaling_images(
-    source: str | None = None,
-    world_sizes: str | None = None,
-    target_accuracy: float | None = None,
-    arch: str = "resnet18",
-    weights: str = "none",
-    freeze_backbone: bool = False,
-    image_size: int = 32,
-    resize: str = "crop",
-    val_fraction: float = 0.2,
-    epochs: int = 5,
-    batch_size: int = 32,
-    lr: float = 0.001,
-    optimizer: str = "adam",
-    lr_patience: int = 2,
-    seed: int = 0,
-    max_bad_fraction: float = 0.01,
-    max_image_mb: float = 20.0,
-    keep_last: int = 1,
-    rank_timeout_s: float = 120.0,
-    max_restarts: int = 2,
-    experiment: str = "ddpflow-images-scaling",
-    precision: str = "auto",
-    channels_last: str | bool = "auto",
-    pin_memory: str | bool = "auto",
-    compile: bool = False,
-) -> ScalingSummary:
+# What a scaling run sets itself, for the training's own parameter checks.
+PARAMETERS = FlowParameters(
+    SCALING_IMAGES,
+    (ScalingParams, ImageParams),
+    fixed={"world_size": None, "model_name": NOT_REGISTERED},
+)
+
+
+@flow(PARAMETERS, name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
+def scaling_images(checked: tuple[ScalingParams, ImageParams]) -> ScalingSummary:
     """Fine-tune the ResNet at each world size in turn and compare the throughput."""
-    values = dict(locals())
-    scaling = validate_params(ScalingParams, {k: values.pop(k) for k in SCALING_FIELDS})
-    # The training's own parameter checks; what a scaling run sets itself is filled in.
-    params = validate_params(
-        ImageParams, {**values, "world_size": None, "model_name": NOT_REGISTERED}
-    )
+    scaling, params = checked
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any data is read

@@ -14,7 +14,6 @@ from typing import Any
 
 from prefect.runtime import flow_run
 
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.config import Settings
 from ddpflow.distributed.planning import PlanError
 from ddpflow.inspection import log_datasets
@@ -40,10 +39,11 @@ from ddpflow.tracking import (
 )
 from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
+from flows.defaults import SWEEP_CHARLM
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
-from flows.params import ParameterError, SweepParams, validate_params
+from flows.param_flow import FlowParameters, flow
+from flows.params import ParameterError, SweepParams
 from flows.preflight import rank_workers, run_preflight
-from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
@@ -57,28 +57,14 @@ WORKLOAD = "charlm-sweep"
 TRIAL_DEFAULTS = ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed")
 
 
-@flow(name="sweep-charlm", task_runner=dask_task_runner(), log_prints=True)
-def sweep_charlm(
-    source: str = str(DEFAULT_CORPUS_PATH),
-    grid: dict[str, Any] | None = None,
-    trials: list[dict[str, Any]] | None = None,
-    epochs: int = 3,
-    batch_size: int = 512,
-    lr: float = 0.005,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    dropout: float = 0.1,
-    seed: int = 0,
-    ranks_per_trial: int = 1,
-    holdout_fraction: float = 0.1,
-    keep_last: int = 1,
-    rank_timeout_s: float = 120.0,
-    model_name: str = "ddpflow-charlm",
-    experiment: str = "ddpflow-charlm-sweep",
-    promote: bool = False,
-) -> SweepSummary:
+@flow(
+    FlowParameters(SWEEP_CHARLM, (SweepParams,)),
+    name="sweep-charlm",
+    task_runner=dask_task_runner(),
+    log_prints=True,
+)
+def sweep_charlm(params: SweepParams) -> SweepSummary:
     """Train one pet-name model per trial, concurrently on the Dask cluster, and compare them."""
-    params = validate_params(SweepParams, dict(locals()))
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     specs = _plan_trials(params)

@@ -21,10 +21,11 @@ from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob
 from flows.cli import run_cli
+from flows.defaults import TRAIN_IMAGES
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
-from flows.params import ImageParams, validate_params
+from flows.param_flow import FlowParameters, flow
+from flows.params import ImageParams
 from flows.preflight import run_preflight
-from flows.redacted_flow import flow
 from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from tasks.images import (
@@ -78,38 +79,14 @@ class ImageSummary:
         )
 
 
-@flow(name="train-images", task_runner=dask_task_runner(), log_prints=True)
-def train_images(
-    source: str | None = None,
-    arch: str = "resnet18",
-    weights: str = "none",
-    freeze_backbone: bool = False,
-    image_size: int = 32,
-    resize: str = "crop",
-    val_fraction: float = 0.2,
-    epochs: int = 5,
-    batch_size: int = 32,
-    lr: float = 0.001,
-    optimizer: str = "adam",
-    lr_patience: int = 2,
-    world_size: int | None = None,
-    seed: int = 0,
-    max_bad_fraction: float = 0.01,
-    max_image_mb: float = 20.0,
-    keep_last: int = 3,
-    checkpoint_every_steps: int = 0,
-    checkpoint_every_s: float = 600.0,
-    rank_timeout_s: float = 120.0,
-    max_restarts: int = 2,
-    model_name: str = "ddpflow-images",
-    experiment: str = "ddpflow-images",
-    precision: str = "auto",
-    channels_last: str | bool = "auto",
-    pin_memory: str | bool = "auto",
-    compile: bool = False,
-) -> ImageSummary:
+@flow(
+    FlowParameters(TRAIN_IMAGES, (ImageParams,)),
+    name="train-images",
+    task_runner=dask_task_runner(),
+    log_prints=True,
+)
+def train_images(params: ImageParams) -> ImageSummary:
     """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
-    params = validate_params(ImageParams, dict(locals()))
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.

@@ -8,11 +8,24 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
-from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+from pydantic.fields import FieldInfo
+
+from ddpflow.param_types import (
+    BOUNDS,
+    BatchSize,
+    Dropout,
+    Epochs,
+    HiddenSize,
+    LearningRate,
+    NumLayers,
+    Seed,
+    bounds_of,
+)
 
 MAX_TRIALS = 1000  # a typo like 10 values x 10 keys should fail loudly, not queue 10^10 trials
 
@@ -25,13 +38,15 @@ class SweepConfigError(ValueError):
 class TrialConfig:
     """One model to train: the fields a trial may set (the rest come from the sweep)."""
 
-    batch_size: int
-    lr: float
-    hidden_size: int
-    num_layers: int
-    dropout: float
-    epochs: int
-    seed: int
+    # The flows' parameter types (ddpflow.param_types): a trial is held to the same bounds
+    # as the sweep's own defaults and a lone training.
+    batch_size: BatchSize
+    lr: LearningRate
+    hidden_size: HiddenSize
+    num_layers: NumLayers
+    dropout: Dropout
+    epochs: Epochs
+    seed: Seed
 
     def label(self) -> str:
         return f"bs={self.batch_size} lr={self.lr:g} h={self.hidden_size}x{self.num_layers}"
@@ -40,18 +55,30 @@ class TrialConfig:
 TRIAL_FIELDS = tuple(f.name for f in fields(TrialConfig))
 
 Check = tuple[Callable[[Any], bool], str]
-_RULES: dict[str, tuple[type, list[Check]]] = {
-    "batch_size": (int, [(lambda v: v >= 1, "must be >= 1")]),
-    "lr": (float, [(lambda v: v > 0, "must be > 0"), (lambda v: v <= 10, "must be <= 10")]),
-    "hidden_size": (int, [(lambda v: 1 <= v <= 8192, "must be between 1 and 8192")]),
-    "num_layers": (int, [(lambda v: 1 <= v <= 64, "must be between 1 and 64")]),
-    "dropout": (float, [(lambda v: 0 <= v < 1, "must be >= 0 and < 1")]),
-    "epochs": (int, [(lambda v: 1 <= v <= MAX_EPOCHS, f"must be between 1 and {MAX_EPOCHS}")]),
-    "seed": (
-        int,
-        [(lambda v: v >= 0, "must be >= 0"), (lambda v: v <= MAX_SEED, f"must be <= {MAX_SEED}")],
-    ),
-}
+_TESTS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
+
+
+def _check(info: FieldInfo) -> Check:
+    """One Field's bounds as a test and its message ("must be between 1 and 64")."""
+    bounds = bounds_of(info)
+    if bounds.keys() == {"ge", "le"}:
+        message = f"must be between {bounds['ge']} and {bounds['le']}"
+    else:
+        message = "must be " + " and ".join(f"{BOUNDS[k]} {b}" for k, b in bounds.items())
+    return (lambda v: all(_TESTS[k](v, b) for k, b in bounds.items())), message
+
+
+def _rules() -> dict[str, tuple[type, list[Check]]]:
+    """Per trial field: its Python type and the checks its annotated type declares."""
+    rules = {}
+    for name, hint in get_type_hints(TrialConfig, include_extras=True).items():
+        kind, *metadata = get_args(hint)
+        checks = [_check(m) for m in metadata if isinstance(m, FieldInfo) and bounds_of(m)]
+        rules[name] = (kind, checks)
+    return rules
+
+
+_RULES = _rules()
 
 
 @dataclass(frozen=True)

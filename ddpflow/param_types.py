@@ -1,0 +1,108 @@
+"""The types of the flows' parameters: bounds and help, declared once.
+
+A flow parameter's type, bounds and help are these annotated types (or a field of a model in
+flows.params built on them); its default is in flows.defaults. The trial fields (seed to
+dropout, the first group below) are what a sweep trial may set. Each type carries its
+bounds as pydantic metadata: the flows' parameter models
+(flows.params) validate with them and the sweep's per-trial check (ddpflow.sweep.config)
+reads them, so a bound is never written twice. Each `Field(...)` in a type is one check
+with one message in a trial's report: a range given in one Field reads "must be between 1
+and 64", bounds given in separate Fields are reported separately (a seed below 0 is told
+"must be >= 0", not a range ending in a 20-digit number).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+from pydantic.fields import FieldInfo
+
+from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+
+Seed = Annotated[
+    int, Field(ge=0, description="data order, initial weights and sampling"), Field(le=MAX_SEED)
+]
+Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS, description="passes over the training data")]
+BatchSize = Annotated[int, Field(ge=1, description="samples per rank per step")]
+LearningRate = Annotated[float, Field(gt=0, description="Adam learning rate"), Field(le=10)]
+HiddenSize = Annotated[int, Field(ge=1, le=8192, description="LSTM units per layer")]
+NumLayers = Annotated[int, Field(ge=1, le=64, description="LSTM layers")]
+Dropout = Annotated[float, Field(ge=0, lt=1, description="dropout between LSTM layers")]
+
+# A rank that makes no progress for a week is stuck; past this, timedelta overflows and
+# torch.distributed cannot represent the timeout at all.
+MAX_RANK_TIMEOUT_S = 7 * 24 * 3600.0
+
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+KeepLast = Annotated[
+    int, Field(ge=1, description="checkpoints kept per run (step checkpoints count too)")
+]
+# Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns each trigger off.
+CheckpointEverySteps = Annotated[
+    int, Field(ge=0, description="also a checkpoint every that many steps of an epoch; 0: off")
+]
+CheckpointEveryS = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=MAX_RANK_TIMEOUT_S,
+        description="a checkpoint inside an epoch once that many seconds passed since the last"
+        " one; 0: off",
+    ),
+]
+RankTimeout = Annotated[
+    float,
+    Field(
+        gt=0,
+        le=MAX_RANK_TIMEOUT_S,
+        description="seconds a rank may take to start, in a collective or without a training"
+        " step before its group fails instead of hanging",
+    ),
+]
+Name = Annotated[str, Field(min_length=1)]
+MaxRestarts = Annotated[
+    int, Field(ge=0, le=100, description="relaunches of the DDP group after a failure")
+]
+WorldSize = Annotated[
+    int | None, Field(ge=1, description="DDP ranks, one per Dask worker; unset: every worker")
+]
+ModelName = Annotated[str, Field(min_length=1, description="MLflow registered model")]
+Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]
+# Speed settings (ddpflow.speed): "auto" picks per device on each rank (fp32, no
+# channels_last and no pinning on CPU).
+Precision = Annotated[
+    Literal["auto", "fp32", "bf16", "fp16"],
+    Field(description="auto (bf16 on GPUs, fp32 on CPU), fp32, bf16 or fp16"),
+]
+
+
+def _toggle(value: object) -> object:
+    # One message for a bad value instead of pydantic's one per union member; the CLI
+    # passes these as text.
+    text = str(value).strip().lower()
+    if isinstance(value, bool) or text == "auto":
+        return value if isinstance(value, bool) else "auto"
+    if text in ("true", "false"):
+        return text == "true"
+    raise ValueError("is not true, false or auto")
+
+
+AutoToggle = Annotated[bool | Literal["auto"], BeforeValidator(_toggle)]
+Compile = Annotated[bool, Field(description="torch.compile the DDP model")]
+PinMemory = Annotated[
+    AutoToggle, Field(description="page-locked batches: auto (on for GPUs), true or false")
+]
+
+# pydantic's bound names, with the operator a message shows.
+BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+
+
+def bounds_of(info: FieldInfo) -> dict[str, Any]:
+    """{"ge": 1, "le": 64}: the numeric bounds one Field declares."""
+    found: dict[str, Any] = {}
+    for item in info.metadata:
+        for name in BOUNDS:
+            if getattr(item, name, None) is not None:
+                found[name] = getattr(item, name)
+    return found
