@@ -10,7 +10,7 @@ import distributed
 
 from ddpflow.distributed import RankContext
 from ddpflow.graceful_stop import StopRequested
-from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule, barrier
+from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule
 
 CONTROL_EVERY = 20
 
@@ -32,8 +32,8 @@ def steps_until_asked(ctx: RankContext, state_dir: str, steps: int, step_s: floa
         (state / f"rank{ctx.rank}-step").write_text(str(step))
         _, stop = clock.check(step)
         if stop is not None:
-            if ctx.is_main:
-                marker.write_text(str(step))
-            barrier(ctx.world_size)
+            with ctx.rank0_io("checkpoint"):
+                if ctx.is_main:
+                    marker.write_text(str(step))
             raise StopRequested(f"{stop}; the group checkpointed at step {step}")
     return start
