@@ -178,9 +178,8 @@ def _deployments() -> list[dict[str, Any]]:
 
 
 def _flow_of(entry: dict[str, Any]):
-    path, function = entry["entrypoint"].split(":")
-    module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
-    return getattr(module, function)
+    module, function = entry["entrypoint"].split(":")
+    return getattr(importlib.import_module(module), function)
 
 
 @pytest.mark.parametrize("entry", _deployments(), ids=lambda e: e["name"])
@@ -211,36 +210,27 @@ def test_each_fix_quotes_the_declared_bounds(field: str) -> None:
             assert positive or shown in fix, (field, kind, bound)
 
 
-# Known, and older than the declared parameters: these flows' bodies call helpers of their
-# own module, which cloudpickle pickles by reference to the file-path module.
-BODY_HELPERS = pytest.mark.xfail(
-    strict=True, reason="the flow body calls functions of its own file-path module"
-)
+def _entrypoints() -> list[str]:
+    spec = yaml.safe_load((REPO / "examples" / "prefect.yaml").read_text())
+    return [e["entrypoint"] for e in _deployments() + spec["deployments"]]
 
 
-@pytest.mark.parametrize(
-    "entrypoint",
-    [
-        "flows/train_charlm.py:train_charlm",
-        "flows/retrain_charlm.py:retrain_charlm",
-        "flows/scaling_charlm.py:scaling_charlm",
-        "flows/scaling_images.py:scaling_images",
-        pytest.param("flows/sweep_charlm.py:sweep_charlm", marks=BODY_HELPERS),
-        pytest.param("flows/train_images.py:train_images", marks=BODY_HELPERS),
-    ],
-)
-def test_a_flow_loaded_from_its_file_unpickles_where_that_file_is_no_module(entrypoint) -> None:
-    # A deployment run loads the flow from `flows/x.py` (module "x"), and a task submitted
-    # to Dask pickles the flow run's context, the flow included: the scheduler, which has
-    # no module "x", must be able to unpickle it (a parameter check defined in
-    # flows/retrain_charlm.py was "No module named 'retrain_charlm'" there).
+@pytest.mark.parametrize("entrypoint", _entrypoints())
+def test_a_deployed_flow_unpickles_in_a_process_that_did_not_load_it(entrypoint) -> None:
+    """A task submitted to Dask pickles the flow run's context, the flow included, and the
+    scheduler must unpickle it. The deployments name their flows by module
+    (`flows.train_images:train_images`), so what the flow's body refers to pickles by that
+    module's name. Loaded from a file path instead (`flows/train_images.py:...`), the flow
+    lived in a module named "train_images" that no other process has: functions of that
+    file failed to unpickle there ("No module named 'train_images'")."""
     import subprocess
     import sys
 
     import cloudpickle
     from prefect.flows import load_flow_from_entrypoint
 
-    flow = load_flow_from_entrypoint(str(REPO / entrypoint))
+    assert ".py:" not in entrypoint, "a module path, not a file path"
+    flow = load_flow_from_entrypoint(entrypoint)
     result = subprocess.run(
         [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
         input=cloudpickle.dumps(flow),
