@@ -32,6 +32,15 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class LaunchSettings:
+    """What the tasks that launch ranks take from the settings. The flow reads the settings
+    once and passes this down, so no task reads the environment again."""
+
+    heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
+    rank_resources: dict[str, float] | None = None  # e.g. {"GPU": 1}: GPU workers only
+
+
+@dataclass(frozen=True)
 class Settings:
     """Where ddpflow keeps things and which cluster it uses."""
 
@@ -49,6 +58,11 @@ class Settings:
     heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
     # How long a checkpoint write waits out an unreachable artifact store (store_outage_s()).
     store_outage_s: float = DEFAULT_STORE_OUTAGE_S
+
+    @property
+    def launch(self) -> LaunchSettings:
+        resources = dict(self.rank_resources) if self.rank_resources else None
+        return LaunchSettings(heal_timeout_s=self.heal_timeout_s, rank_resources=resources)
 
     @classmethod
     def from_env(

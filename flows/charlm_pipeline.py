@@ -15,7 +15,7 @@ from ddpflow import storage
 from ddpflow.charlm.data import FormattedCorpus, SourceCopy
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob
-from ddpflow.config import Settings
+from ddpflow.config import LaunchSettings, Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
@@ -85,7 +85,9 @@ def run_charlm_pipeline(
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
     with failed_on_error(run):
-        summary = _train_evaluate_register(params, corpus, run, run_dir, len(ranks))
+        summary = _train_evaluate_register(
+            params, corpus, run, run_dir, len(ranks), settings.launch
+        )
     end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "charlm-mlflow", params.model_name, summary.model_version)
     return summary, run, corpus
@@ -190,12 +192,22 @@ def charlm_job(
 
 
 def _train_evaluate_register(
-    params: CharLMParams, corpus: FormattedCorpus, run: RunRef, run_dir: str, world_size: int
+    params: CharLMParams,
+    corpus: FormattedCorpus,
+    run: RunRef,
+    run_dir: str,
+    world_size: int,
+    launch: LaunchSettings,
 ) -> CharLMSummary:
     checkpoint_dir = storage.join(run_dir, "checkpoints")
     job = charlm_job(params, corpus, run, checkpoint_dir)
     trained = train_ddp(
-        job, world_size, params.rank_timeout_s, params.max_restarts, params.min_workers
+        job,
+        world_size,
+        params.rank_timeout_s,
+        params.max_restarts,
+        params.min_workers,
+        launch=launch,
     )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(

@@ -84,7 +84,9 @@ def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummar
         checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
         job = charlm_job(params, corpus, run, checkpoints)
         # A restart relaunches at the same size (min_workers defaults to the world size).
-        return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
+        return train_ddp(
+            job, size, params.rank_timeout_s, params.max_restarts, launch=settings.launch
+        ).history
 
     with failed_on_error(parent):
         results = run_sizes(sizes, start_child, train)

@@ -81,7 +81,9 @@ def scaling_images(checked: tuple[ScalingParams, ImageParams]) -> ScalingSummary
     def train(size: int, run: RunRef) -> Sequence[EpochStats]:
         checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
         job = image_job(params, data, weights_uri, run, checkpoints)
-        return train_ddp(job, size, params.rank_timeout_s, params.max_restarts).history
+        return train_ddp(
+            job, size, params.rank_timeout_s, params.max_restarts, launch=settings.launch
+        ).history
 
     target = Target("val_accuracy", scaling.target_accuracy, higher_is_better=True)
     with failed_on_error(parent):

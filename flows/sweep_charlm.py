@@ -137,6 +137,7 @@ def _start_sweep(params: SweepParams, settings: Settings, specs: list[TrialSpec]
         artifact_root=settings.artifact_root,
         artifact_location=artifact_location,
         keep_last=params.keep_last,
+        rank_resources=settings.rank_resources,
         params={
             "source": redact_url(params.source),
             "data_sha256": raw.sha256,
@@ -194,7 +195,9 @@ def _run_trials(
             spec,
             assigned,
             setup,
-            lambda job, w: train_trial(spec.index, job, w, params.rank_timeout_s),
+            lambda job, w: train_trial(
+                spec.index, job, w, params.rank_timeout_s, setup.rank_resources
+            ),
         )
         result = f"val loss {outcome.final_val_loss:.4f}" if outcome.completed else outcome.error
         print(f"{spec.name} {outcome.status}: {result}")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from prefect.runtime import flow_run
 
 from ddpflow import storage
-from ddpflow.config import Settings
+from ddpflow.config import LaunchSettings, Settings
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
@@ -97,7 +97,9 @@ def train_images(params: ImageParams) -> ImageSummary:
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
     with failed_on_error(run):
-        summary = _train_evaluate_register(params, data, weights_uri, run, run_dir, len(ranks))
+        summary = _train_evaluate_register(
+            params, data, weights_uri, run, run_dir, len(ranks), settings.launch
+        )
     end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
     print(summary.render(settings))
@@ -245,11 +247,14 @@ def _train_evaluate_register(
     run: RunRef,
     run_dir: str,
     world_size: int,
+    launch: LaunchSettings,
 ) -> ImageSummary:
     checkpoint_dir = storage.join(run_dir, "checkpoints")
     report_dir = storage.join(run_dir, "reports")
     job = image_job(params, data, weights_uri, run, checkpoint_dir)
-    trained = train_ddp(job, world_size, params.rank_timeout_s, params.max_restarts)
+    trained = train_ddp(
+        job, world_size, params.rank_timeout_s, params.max_restarts, launch=launch
+    )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
     version = register.submit(WORKLOAD, run, checkpoint, params.model_name).result()

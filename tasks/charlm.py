@@ -14,6 +14,7 @@ from ddpflow.charlm.evaluation import (
     save_report,
 )
 from ddpflow.charlm.training import CharLMTrainJob, train_rank
+from ddpflow.config import LaunchSettings
 from ddpflow.tracking import RunRef
 from ddpflow.train_loop import TrainResult
 from tasks.restarts import train_with_restarts
@@ -43,6 +44,8 @@ def train_ddp(
     rank_timeout_s: float,
     max_restarts: int = 2,
     min_workers: int | None = None,
+    *,
+    launch: LaunchSettings,
 ) -> TrainResult:
     """Run one DDP group, healed and resumed from its checkpoint after a failure.
 
@@ -59,6 +62,7 @@ def train_ddp(
         min_workers,
         progress_key="charlm-progress",
         incomplete_key=INCOMPLETE_KEY,
+        launch=launch,
     )
 
 

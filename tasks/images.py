@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.config import LaunchSettings
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef
 from ddpflow.train_loop import TrainResult
@@ -73,7 +74,12 @@ def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
 
 @task(name="train-ddp")
 def train_ddp(
-    job: ImageTrainJob, world_size: int | None, rank_timeout_s: float, max_restarts: int = 2
+    job: ImageTrainJob,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int = 2,
+    *,
+    launch: LaunchSettings,
 ) -> TrainResult:
     """Run one DDP group, healed and resumed from its checkpoint after a failure.
 
@@ -89,6 +95,7 @@ def train_ddp(
         max_restarts,
         progress_key="images-progress",
         incomplete_key=INCOMPLETE_KEY,
+        launch=launch,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.config import Settings
+from ddpflow.config import LaunchSettings
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
@@ -28,6 +28,8 @@ def train_with_restarts(
     min_workers: int | None = None,
     progress_key: str = "training-progress",
     incomplete_key: str = "tracking-incomplete",
+    *,
+    launch: LaunchSettings,
 ) -> Any:
     """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
 
@@ -37,7 +39,6 @@ def train_with_restarts(
     the Prefect progress artifact `progress_key`. Logging calls rank 0 could not get into
     MLflow (its `unsent`) are listed in the Prefect artifact `incomplete_key`.
     """
-    settings = Settings.from_env()
     client = current_dask_client()
     with training_progress(client, run.run_id, progress_key, "DDP training"):
         results, restarts = launch_with_restarts(
@@ -49,8 +50,8 @@ def train_with_restarts(
             timeout_s=rank_timeout_s,
             max_restarts=max_restarts,
             on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
-            heal_timeout_s=settings.heal_timeout_s,
-            resources=settings.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+            heal_timeout_s=launch.heal_timeout_s,
+            resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
             on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
         )
     if restarts:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prefect import get_run_logger, task
 
 from ddpflow.charlm.training import CharLMTrainJob
-from ddpflow.config import Settings
 from ddpflow.distributed import launch
 from ddpflow.sweep import trial_rank
 from ddpflow.train_loop import TrainResult
@@ -17,7 +18,11 @@ TABLE_KEY = "charlm-sweep"
 
 @task(name="train-trial", task_run_name="train-trial-{index}")
 def train_trial(
-    index: int, job: CharLMTrainJob, workers: list[str], rank_timeout_s: float
+    index: int,
+    job: CharLMTrainJob,
+    workers: list[str],
+    rank_timeout_s: float,
+    rank_resources: Mapping[str, float] | None,
 ) -> TrainResult:
     """One trial's DDP group on its own workers.
 
@@ -34,7 +39,7 @@ def train_trial(
             world_size=len(workers),
             workers=workers,
             timeout_s=rank_timeout_s,
-            resources=Settings.from_env().rank_resources,
+            resources=dict(rank_resources) if rank_resources else None,
             on_progress=get_run_logger().info,  # in this trial task's log
         )
     return results[0]

@@ -44,6 +44,8 @@ class SweepSetup:
     params: Mapping[str, Any] = field(default_factory=dict)  # logged on every child run
     tags: Mapping[str, str] = field(default_factory=dict)
     datasets: Sequence[DatasetRef] = ()  # logged as every trained child run's inputs
+    # What each rank asks of its worker (DDPFLOW_RANK_RESOURCES, e.g. {"GPU": 1}).
+    rank_resources: Mapping[str, float] | None = None
 
 
 @dataclass(frozen=True)

@@ -73,3 +73,14 @@ def test_an_unknown_optimizer_is_named():
         make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 
 
+
+
+def test_tasks_take_their_settings_from_the_flow():
+    """ddpflow.config reads the environment once, in the flow; the tasks get what they need
+    (LaunchSettings, SweepSetup.rank_resources) passed down and never read it again."""
+    readers = [
+        str(path.relative_to(REPO))
+        for path in sorted((REPO / "tasks").glob("*.py"))
+        if "from_env(" in path.read_text() or "os.environ" in path.read_text()
+    ]
+    assert readers == []
