@@ -187,7 +187,7 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
         # The rendezvous may take up to the timeout by itself: the first step is due within
         # the timeout of the group forming.
         rank_started(spec.launch_id, spec.rank)
-        bind_thread(spec.launch_id, spec.rank, spec.world_size, spec.timeout_s)
+        bind_thread(spec.launch_id, spec.rank)
         try:
             return fn(ctx, *args)
         finally:

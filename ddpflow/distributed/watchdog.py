@@ -40,8 +40,6 @@ _ranks: dict[tuple[str, int], _Progress] = {}  # worker-local: (launch id, rank)
 class _Binding:
     launch_id: str
     rank: int
-    world_size: int
-    timeout_s: float
 
 
 # The rank this thread runs. Code far below the training function (a checkpoint write's
@@ -49,9 +47,9 @@ class _Binding:
 _this_thread = threading.local()
 
 
-def bind_thread(launch_id: str, rank: int, world_size: int, timeout_s: float) -> None:
+def bind_thread(launch_id: str, rank: int) -> None:
     """On the worker, in the rank's thread: this thread now runs `rank` of that group."""
-    _this_thread.binding = _Binding(launch_id, rank, world_size, timeout_s)
+    _this_thread.binding = _Binding(launch_id, rank)
 
 
 def unbind_thread() -> None:
