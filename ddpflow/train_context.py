@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ddpflow.batching import MAX_SEED, epoch_batches
-from ddpflow.checkpoint import CheckpointStore, encode, unwrap
+from ddpflow.checkpoint import LATEST_CHECKPOINT_TAG, CheckpointStore, encode, unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.step_checkpoints import epoch_seed
 from ddpflow.tracking import MetricLogger, NullLogger
@@ -157,7 +157,7 @@ class TrainContext:
                 states = {name: unwrap(obj).state_dict() for name, obj in objects.items()}
                 state = {"format_version": API_FORMAT_VERSION, "epoch": step, "states": states}
                 store.save_encoded(step, encode(state))
-                self._logger.set_tags({"ddpflow.latest_checkpoint": store.uri_for(step)})
+                self._logger.set_tags({LATEST_CHECKPOINT_TAG: store.uri_for(step)})
         self.heartbeat()
 
     def resume(self, **objects: Stateful) -> int:
