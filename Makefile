@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m flows.train_charlm $(ARGS)
+	$(BIN)/python -m ddpflow_flows.train_charlm $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -44,14 +44,14 @@ mlflow-ui: $(STAMP)
 clean:
 	rm -rf artifacts mlartifacts mlruns mlflow.db mlflow.db.lock
 
-# Local production-like stack (infra/README.md), e.g. make stack-up ARGS="--free-ports".
+# Local production-like stack (ddpflow_infra/README.md), e.g. make stack-up ARGS="--free-ports".
 .PHONY: stack-up stack-down stack-status
 
 stack-up: $(STAMP)
-	$(BIN)/python -m infra.stack up $(ARGS)
+	$(BIN)/python -m ddpflow_infra.stack up $(ARGS)
 
 stack-down: $(STAMP)
-	$(BIN)/python -m infra.stack down $(ARGS)
+	$(BIN)/python -m ddpflow_infra.stack down $(ARGS)
 
 stack-status: $(STAMP)
-	$(BIN)/python -m infra.stack status $(ARGS)
+	$(BIN)/python -m ddpflow_infra.stack status $(ARGS)

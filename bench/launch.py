@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.launch [--quick]
 
-(i)  ddpflow: `python -m flows.train_charlm --epochs 1` as a subprocess in a fresh temporary
+(i)  ddpflow: `python -m ddpflow_flows.train_charlm --epochs 1` as a subprocess in a fresh temporary
      project (its own artifact folder, MLflow SQLite file and PREFECT_HOME, so Prefect's and
      MLflow's databases are created on the way: a first run in a new project). The flow
      starts its Prefect API, a 2-worker LocalCluster, runs pre-flight, download, format,
@@ -11,7 +11,7 @@
      data path, model, batch and step, with nothing around it.
 (iii) warm (full mode, or --warm): the same flow against services that are already up, as a
      deployment has them: a Prefect server and a Dask scheduler with 2 `dask worker`
-     processes started as the stack starts them (infra/services.py, so with WORKER_ENV), and
+     processes started as the stack starts them (ddpflow_infra/services.py, so with WORKER_ENV), and
      a project that has run once (its MLflow database and formatted data exist). The second
      run is measured.
 

@@ -86,7 +86,7 @@ def run_flow(
     run of the project: a project may be run more than once). `extra_env` may point the
     flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there."""
     project.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
+    cmd = [sys.executable, "-m", "ddpflow_flows.train_charlm", "--epochs", "1", "--source", source]
     cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1"]
     log = project / f"{tag}.log"
     launch_ts, wall_s = _run(cmd, project, {**_project_env(project), **(extra_env or {})}, log)
@@ -118,8 +118,8 @@ def source_file(project: Path, quick: bool) -> str:
 
 def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float]]:
     """The flow on services that are already up, in a project that has run once."""
-    from infra.procs import free_port, stop
-    from infra.services import start_dask, start_prefect_server
+    from ddpflow_infra.procs import free_port, stop
+    from ddpflow_infra.services import start_dask, start_prefect_server
 
     logs = root / "warm-services"
     logs.mkdir()

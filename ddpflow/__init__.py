@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     )
     from ddpflow.distributed.failures import LaunchError
     from ddpflow.train_context import Stateful, TrainContext
-    from tasks.ddp import run_in_flow
+    from ddpflow_tasks.ddp import run_in_flow
 
 _EXPORTS = {
     "run": "ddpflow.api",
-    "run_in_flow": "tasks.ddp",
+    "run_in_flow": "ddpflow_tasks.ddp",
     "TrainContext": "ddpflow.train_context",
     "Stateful": "ddpflow.train_context",
     "Restart": "ddpflow.distributed.elastic",

@@ -1,6 +1,6 @@
 """Mutual TLS for the Kubernetes DaskCluster: certificates from a Secret, tls:// links only.
 
-The Secret holds ca.pem, cert.pem and key.pem (`python -m infra.certs DIR`, then
+The Secret holds ca.pem, cert.pem and key.pem (`python -m ddpflow_infra.certs DIR`, then
 `kubectl create secret generic NAME --from-file=DIR`). Both pods mount it read-only and get
 Dask's own TLS settings, so the scheduler accepts only peers with a certificate from that
 CA: whoever reaches port 8786 without one cannot submit work.
@@ -50,7 +50,7 @@ def refuse_per_run_tls(spec_options: Mapping[str, Any]) -> None:
         raise ConfigError(
             f"{CLUSTER_ENV}=kubernetes cannot use tls_secret: dask-kubernetes' KubeCluster "
             "connects to its scheduler over tcp:// only. Apply the spec as a long-lived "
-            "DaskCluster (python -m infra.cluster_specs kubernetes ...) and connect with "
+            "DaskCluster (python -m ddpflow_infra.cluster_specs kubernetes ...) and connect with "
             "DDPFLOW_DASK_ADDRESS=tls://NAME-scheduler:8786, or drop tls_secret"
         )
 

@@ -1,10 +1,10 @@
 """The types of the flows' parameters: bounds and help, declared once.
 
 A flow parameter's type, bounds and help are these annotated types (or a field of a model in
-flows.params built on them); its default is in flows.defaults. The trial fields (seed to
-dropout, the first group below) are what a sweep trial may set. Each type carries its
+ddpflow_flows.params built on them); its default is in ddpflow_flows.defaults. The trial fields
+(seed to dropout, the first group below) are what a sweep trial may set. Each type carries its
 bounds as pydantic metadata: the flows' parameter models
-(flows.params) validate with them and the sweep's per-trial check (ddpflow.sweep.config)
+(ddpflow_flows.params) validate with them and the sweep's per-trial check (ddpflow.sweep.config)
 reads them, so a bound is never written twice. Each `Field(...)` in a type is one check
 with one message in a trial's report: a range given in one Field reads "must be between 1
 and 64", bounds given in separate Fields are reported separately (a seed below 0 is told

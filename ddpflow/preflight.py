@@ -194,7 +194,7 @@ def check_workers_reach(
 
 
 def _check_local_root(root: Path) -> None:
-    # The same check the workers of a remote cluster run on their side (flows.preflight).
+    # The same check the workers of a remote cluster run on their side (ddpflow_flows.preflight).
     reason = probe_folder(str(root))
     if reason:
         raise PreflightError(

@@ -191,9 +191,10 @@ def run_flow(
     timeout_s: float = 600,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m flows.<module> ...` the way a user does, in the project folder."""
+    """Run `python -m ddpflow_flows.<module> ...` the way a user does, in the project folder."""
     project.mkdir(parents=True, exist_ok=True)
-    return run_in_project([sys.executable, "-m", f"flows.{module}", *args], project, env, timeout_s)
+    argv = [sys.executable, "-m", f"ddpflow_flows.{module}", *args]
+    return run_in_project(argv, project, env, timeout_s)
 
 
 @pytest.fixture(scope="session")

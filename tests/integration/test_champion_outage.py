@@ -20,7 +20,7 @@ from ddpflow.charlm.champion import CHAMPION_ALIAS, promote
 from ddpflow.charlm.evaluation import register_model
 from ddpflow.registry import RegistryError
 from ddpflow.tracking import RunRef
-from infra.services import free_port, start_mlflow, stop
+from ddpflow_infra.services import free_port, start_mlflow, stop
 from tests.unit.champion_helpers import (
     constant_model,
     start_checkpointed_run,

@@ -21,10 +21,10 @@ import pytest
 
 from ddpflow.cluster import WORKER_ENV, local_cluster
 from ddpflow.distributed.supervision import cluster_workers
-from infra.dask_service import LOOPBACK_HTTP
-from infra.procs import Service, spawn, stop
-from infra.runtime import BIN, base_env
-from infra.services import free_port, start_prefect_server
+from ddpflow_infra.dask_service import LOOPBACK_HTTP
+from ddpflow_infra.procs import Service, spawn, stop
+from ddpflow_infra.runtime import BIN, base_env
+from ddpflow_infra.services import free_port, start_prefect_server
 from tests.integration.charlm_runs import (
     EPOCHS,
     assert_same_metrics,

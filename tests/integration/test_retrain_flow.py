@@ -1,4 +1,4 @@
-"""`python -m flows.retrain_charlm` against a registry that already has a champion.
+"""`python -m ddpflow_flows.retrain_charlm` against a registry that already has a champion.
 
 Real processes: the flow on a 2-worker LocalCluster, an MLflow SQLite registry. The champion
 is registered by the test with a known, poor holdout loss (a constant prediction, no

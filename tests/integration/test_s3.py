@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from ddpflow.config import STORE_OUTAGE_ENV
 from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
-from infra.services import free_port
+from ddpflow_infra.services import free_port
 from tests.integration.conftest import prefect_cli, prefect_records, run_flow, tiny_charlm
 from tests.integration.s3_servers import (
     ACCESS_KEY,

@@ -2,7 +2,7 @@
 
 One flow run per workload (module fixtures) on small data, so each size trains for seconds;
 the tests read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
-What both flows share (flows/scaling.py: parent and children, table, plots) is checked on
+What both flows share (ddpflow_flows/scaling.py: parent and children, table, plots) is checked on
 both; what is particular to the pet-name workload (time to a reached target, the records of
 a training) is checked on charlm only.
 """

@@ -31,7 +31,7 @@ import importlib.abc, json, sys
 
 class NoProject(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("ddpflow", "flows", "tasks", "infra", "tests"):
+        if name.split(".")[0] == "tests" or name.startswith("ddpflow"):
             raise ModuleNotFoundError(f"{name} is not importable here")
         return None
 

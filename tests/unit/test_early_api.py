@@ -1,10 +1,10 @@
-"""When a flow's command line starts its embedded Prefect API early (flows/early_api.py)."""
+"""When a flow's command line starts its embedded Prefect API early (ddpflow_flows/early_api.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.early_api import wanted
+from ddpflow_flows.early_api import wanted
 
 PY = "/usr/bin/python3"
 
@@ -12,12 +12,12 @@ PY = "/usr/bin/python3"
 @pytest.mark.parametrize(
     "argv",
     [
-        [PY, "-m", "flows.train_charlm", "--epochs", "1"],
-        [PY, "-u", "-m", "flows.train_images"],
-        [PY, "-m", "flows.sweep_charlm", "--grid", "{}"],
-        [PY, "-m", "flows.retrain_charlm"],
-        [PY, "-m", "flows.scaling_charlm", "--world-sizes", "1,2"],
-        [PY, "-m", "flows.scaling_images"],
+        [PY, "-m", "ddpflow_flows.train_charlm", "--epochs", "1"],
+        [PY, "-u", "-m", "ddpflow_flows.train_images"],
+        [PY, "-m", "ddpflow_flows.sweep_charlm", "--grid", "{}"],
+        [PY, "-m", "ddpflow_flows.retrain_charlm"],
+        [PY, "-m", "ddpflow_flows.scaling_charlm", "--world-sizes", "1,2"],
+        [PY, "-m", "ddpflow_flows.scaling_images"],
     ],
 )
 def test_a_flow_command_line_without_an_api_starts_one_early(argv):
@@ -27,12 +27,12 @@ def test_a_flow_command_line_without_an_api_starts_one_early(argv):
 @pytest.mark.parametrize(
     "argv, environ",
     [
-        ([PY, "-m", "flows.train_charlm"], {"PREFECT_API_URL": "http://api:4200/api"}),
-        ([PY, "-m", "flows.train_charlm", "--help"], {}),
-        ([PY, "-m", "flows.params"], {}),
+        ([PY, "-m", "ddpflow_flows.train_charlm"], {"PREFECT_API_URL": "http://api:4200/api"}),
+        ([PY, "-m", "ddpflow_flows.train_charlm", "--help"], {}),
+        ([PY, "-m", "ddpflow_flows.params"], {}),
         ([PY, "-m", "pytest", "tests"], {}),
-        ([PY, "script.py", "-m", "flows.train_charlm"], {}),
-        ([PY, "-c", "import flows"], {}),
+        ([PY, "script.py", "-m", "ddpflow_flows.train_charlm"], {}),
+        ([PY, "-c", "import ddpflow_flows"], {}),
         ([PY, "-m"], {}),
     ],
 )

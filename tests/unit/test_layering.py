@@ -17,9 +17,10 @@ from tests.integration.conftest import REPO
 
 def test_the_import_contracts_hold():
     """pyproject.toml's import-linter contracts: the library (ddpflow/) never imports
-    prefect, flows or tasks, and tasks never import flows (README "Layout"), so the library
-    runs on Dask workers and in plain scripts without an orchestrator and a task or library
-    module can be reused without the built-in flows. `make test` runs the same check first."""
+    prefect, ddpflow_flows or ddpflow_tasks, and ddpflow_tasks never imports ddpflow_flows
+    (README "Layout"), so the library runs on Dask workers and in plain scripts without an
+    orchestrator and a task or library module can be reused without the built-in flows.
+    `make test` runs the same check first."""
     result = subprocess.run(
         [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
         cwd=REPO,
@@ -30,6 +31,36 @@ def test_the_import_contracts_hold():
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "Contracts: 2 kept, 0 broken." in result.stdout
+
+
+def test_every_installed_top_level_package_is_ddpflows_own(tmp_path: Path):
+    """A wheel built from pyproject.toml puts only `ddpflow`-prefixed packages at the top of
+    site-packages, so installing ddpflow never shadows (or is shadowed by) another project's
+    `flows`, `tasks` or `infra`. Builds the real wheel (no dependencies, no network)."""
+    import zipfile
+
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("ddpflow-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops >= {"ddpflow", "ddpflow_flows", "ddpflow_tasks", "ddpflow_infra"}, tops
+    assert all(t.startswith("ddpflow") for t in tops), sorted(tops)
 
 
 SECRET_KEYS = re.compile(r"(secret|password|token|access_key|auth)", re.IGNORECASE)
@@ -73,14 +104,12 @@ def test_an_unknown_optimizer_is_named():
         make_optimizer("lamb", [torch.nn.Parameter(torch.zeros(1))], lr=0.1)
 
 
-
-
 def test_tasks_take_their_settings_from_the_flow():
     """ddpflow.config reads the environment once, in the flow; the tasks get what they need
     (LaunchSettings, SweepSetup.rank_resources) passed down and never read it again."""
     readers = [
         str(path.relative_to(REPO))
-        for path in sorted((REPO / "tasks").glob("*.py"))
+        for path in sorted((REPO / "ddpflow_tasks").glob("*.py"))
         if "from_env(" in path.read_text() or "os.environ" in path.read_text()
     ]
     assert readers == []

@@ -17,7 +17,7 @@ from ddpflow.preflight import (
     probe_http,
     probe_http_off_loop,
 )
-from infra.procs import free_port
+from ddpflow_infra.procs import free_port
 
 
 class _Status(BaseHTTPRequestHandler):

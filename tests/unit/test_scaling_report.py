@@ -19,7 +19,7 @@ from ddpflow.scaling.report import (
     time_to_target,
 )
 from ddpflow.train_loop import EpochStats
-from flows.scaling import ScalingSummary
+from ddpflow_flows.scaling import ScalingSummary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOSS = Target("val_loss", 2.0)

@@ -11,7 +11,7 @@ from ddpflow.scaling import SizeResult, Target, table_rows
 from ddpflow.scaling.report import markdown_table
 from ddpflow.tracking import RunRef, start_run
 from ddpflow.train_loop import EpochStats
-from flows.scaling import ScalingSummary, finish, run_sizes
+from ddpflow_flows.scaling import ScalingSummary, finish, run_sizes
 
 EXPERIMENT = "scaling-unit"
 NO_TARGET = Target("val_loss", None)

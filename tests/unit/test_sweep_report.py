@@ -10,7 +10,7 @@ from ddpflow.sweep.plots import LossCurve, loss_panels_png
 from ddpflow.sweep.report import best, curves, plots, ranked, table_rows
 from ddpflow.sweep.trial import elapsed_by_epoch
 from ddpflow.train_loop import EpochStats
-from flows.sweep_summary import SweepSummary
+from ddpflow_flows.sweep_summary import SweepSummary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASE = {

@@ -1,0 +1,149 @@
+"""Start Prefect's embedded API while the flow's own imports are still loading.
+
+`python -m ddpflow_flows.<name>` without PREFECT_API_URL runs on Prefect's temporary ("ephemeral")
+API server, which Prefect starts when the flow is called: after this process has imported
+torch, MLflow and Prefect (seconds), and then it waits for the server's own start (seconds
+more, as it imports Prefect's server in a process of its own). Started here, from
+`ddpflow_flows/__init__.py` before any of those imports, the two overlap on separate cores.
+
+The server is the one Prefect would start (same command, same settings) and is handed to
+Prefect's own singleton (`adopt`), so everything after behaves as with Prefect's start:
+the flow and its workers use it as the embedded API, and it stops when the flow exits.
+Imports of `flows` that are not a flow's command line (tests, `prefect deploy`, a worker
+running a deployment, which has PREFECT_API_URL) start nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+# The flow modules that have a command line (`python -m ddpflow_flows.<name>`).
+FLOW_MODULES = (
+    "train_charlm",
+    "train_images",
+    "sweep_charlm",
+    "retrain_charlm",
+    "scaling_charlm",
+    "scaling_images",
+)
+_PR_SET_PDEATHSIG = 1
+
+_started: tuple[int, subprocess.Popen[bytes]] | None = None
+
+
+def wanted(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> bool:
+    """A flow's command line that will run a flow on the embedded API."""
+    if environ.get("PREFECT_API_URL") or "-m" not in argv[:-1]:
+        return False
+    at = argv.index("-m")
+    if any(not option.startswith("-") for option in argv[1:at]):
+        return False  # `-m` is an argument of a script, not the interpreter's option
+    if argv[at + 1] not in {f"ddpflow_flows.{name}" for name in FLOW_MODULES}:
+        return False
+    return not {"-h", "--help"} & set(argv[at + 2 :])
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the server process: SIGTERM it when the flow process dies, even by SIGKILL,
+    so no server outlives its flow (Prefect's own start stops it only at a clean exit)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def start_early() -> None:
+    """Spawn the server process now (no waiting); `adopt` hands it to Prefect later."""
+    global _started
+    spec = importlib.util.find_spec("prefect")
+    if spec is None or spec.origin is None:
+        return
+    port = _free_port()
+    env = {
+        **os.environ,
+        # What Prefect's own start sets for its temporary server.
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+        # The server would otherwise try to send telemetry over a network we may not have.
+        "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get(
+            "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
+        ),
+    }
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
+    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
+    command += ["--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    preexec = _die_with_parent if sys.platform == "linux" else None
+    _started = (port, subprocess.Popen(command, env=env, preexec_fn=preexec))  # noqa: PLW1509
+    atexit.register(_stop_unadopted)
+
+
+def _stop_unadopted() -> None:
+    """At exit before `adopt` (e.g. a command-line error): the server is not needed."""
+    if _started is not None:
+        _started[1].terminate()
+
+
+def adopt() -> None:
+    """Make the early server Prefect's temporary server: Prefect's start() then only waits
+    for its health check instead of spawning another. A no-op when none was started."""
+    global _started
+    if _started is None:
+        return
+    port, process = _started
+    _started = None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    if server.running or process.poll() is not None:
+        process.terminate()  # Prefect's own start takes over
+        return
+    server.port = port
+    server.server_process = process
+    # Prefect's start() skips the spawn when `running` is set, so wait for health here.
+    from prefect.logging import get_logger
+
+    get_logger("server").info(f"Starting temporary server on {server.address}")
+    _wait_healthy(server.api_url, process)
+    server.running = True
+    atexit.register(server.stop)
+
+
+def _wait_healthy(api_url: str, process: subprocess.Popen[bytes]) -> None:
+    import time
+
+    import httpx
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    deadline = time.monotonic() + PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    with httpx.Client() as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"Prefect's temporary API server exited with code {process.returncode} "
+                    "before it answered; run `prefect server start` and set PREFECT_API_URL"
+                )
+            try:
+                if client.get(f"{api_url}/health").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError(
+        f"Prefect's temporary API server did not answer within "
+        f"{PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()} s "
+        "(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)"
+    )

@@ -1,0 +1,79 @@
+"""One DDP training with healing restarts, shared by the workloads' `train-ddp` tasks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.config import LaunchSettings
+from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.tracking import RunRef, log_restart
+from ddpflow_tasks.flow_client import current_dask_client
+from ddpflow_tasks.progress_artifact import training_progress
+from ddpflow_tasks.tracking_report import publish_unsent
+
+
+def train_with_restarts(
+    rank_fn: Callable[[RankContext, Any], Any],
+    job: Any,
+    run: RunRef,
+    artifact_key: str,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int,
+    min_workers: int | None = None,
+    progress_key: str = "training-progress",
+    incomplete_key: str = "tracking-incomplete",
+    *,
+    launch: LaunchSettings,
+) -> Any:
+    """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
+
+    Runs in the flow process (the caller is a task called directly, not submitted), so no
+    task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
+    run, and all of them are listed in a Prefect artifact. The progress over all attempts is
+    the Prefect progress artifact `progress_key`. Logging calls rank 0 could not get into
+    MLflow (its `unsent`) are listed in the Prefect artifact `incomplete_key`.
+    """
+    client = current_dask_client()
+    with training_progress(client, run.run_id, progress_key, "DDP training"):
+        results, restarts = launch_with_restarts(
+            client,
+            rank_fn,
+            job,
+            world_size=world_size,
+            min_workers=min_workers,
+            timeout_s=rank_timeout_s,
+            max_restarts=max_restarts,
+            on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
+            heal_timeout_s=launch.heal_timeout_s,
+            resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+            on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
+        )
+    if restarts:
+        create_markdown_artifact(
+            markdown=restarts_markdown(run, restarts),
+            key=artifact_key,
+            description="DDP group restarts",
+        )
+    unsent = getattr(results[0], "unsent", ())
+    if unsent:
+        publish_unsent(run, unsent, incomplete_key)
+    return results[0]
+
+
+def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
+    rows = "\n".join(
+        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.restarted_workers) or '-'} "
+        f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
+        for r in restarts
+    )
+    return (
+        f"# DDP restarts of MLflow run `{run.run_id}`\n\n"
+        "| restart | world size after | restarted (hung) workers | heal time | cause |\n"
+        f"|---|---|---|---|---|\n{rows}\n"
+    )

@@ -1,0 +1,45 @@
+"""Prefect tasks for the sweep: each calls ddpflow and returns small typed results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prefect import get_run_logger, task
+
+from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.distributed import launch
+from ddpflow.sweep import trial_rank
+from ddpflow.train_loop import TrainResult
+from ddpflow_tasks.flow_client import current_dask_client
+from ddpflow_tasks.progress_artifact import training_progress
+
+TABLE_KEY = "charlm-sweep"
+
+
+@task(name="train-trial", task_run_name="train-trial-{index}")
+def train_trial(
+    index: int,
+    job: CharLMTrainJob,
+    workers: list[str],
+    rank_timeout_s: float,
+    rank_resources: Mapping[str, float] | None,
+) -> TrainResult:
+    """One trial's DDP group on its own workers.
+
+    Called directly from a flow thread (not .submit): the launcher must run in the flow
+    process, never in a task that holds a worker thread.
+    """
+    client = current_dask_client()
+    key = f"charlm-trial-{index}-progress"
+    with training_progress(client, job.run.run_id, key, f"trial {index}"):
+        results = launch(
+            client,
+            trial_rank,
+            job,
+            world_size=len(workers),
+            workers=workers,
+            timeout_s=rank_timeout_s,
+            resources=dict(rank_resources) if rank_resources else None,
+            on_progress=get_run_logger().info,  # in this trial task's log
+        )
+    return results[0]
