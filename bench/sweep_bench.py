@@ -23,6 +23,7 @@ import distributed
 import torch
 
 from bench.common import stop_cleanly_on_sigterm
+from ddpflow.api import rank_entry
 from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.charlm.training import CharLMTrainJob
@@ -73,9 +74,19 @@ def on_cluster(
         workers = sorted(cluster_workers(client))
 
         def train(job: CharLMTrainJob, assigned: list[str]) -> TrainResult:
-            return launch(
-                client, trial_rank, job, world_size=1, workers=assigned, timeout_s=TIMEOUT_S
-            )[0]
+            settings = job.train_settings()
+            ((result, _),) = launch(
+                client,
+                rank_entry,
+                trial_rank,
+                (job,),
+                settings,
+                job.run,
+                world_size=1,
+                workers=assigned,
+                timeout_s=TIMEOUT_S,
+            )
+            return result
 
         def one(spec: TrialSpec, assigned: list[str]) -> TrialOutcome:
             return run_trial(spec, assigned, setup, train)
@@ -87,8 +98,9 @@ def on_cluster(
 def _train_here(job: CharLMTrainJob, workers: list[str]) -> TrainResult:
     """A group of one in this process: the same rank function, no Dask."""
     spec = RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", TIMEOUT_S, uuid.uuid4().hex)
-    with process_group(spec) as ctx:
-        return trial_rank(ctx, job)
+    with process_group(spec) as rank_ctx:
+        result, _ = rank_entry(rank_ctx, trial_rank, (job,), job.train_settings(), job.run)
+        return result
 
 
 def sequential(specs: list[TrialSpec], setup: SweepSetup) -> tuple[float, list[TrialOutcome]]:

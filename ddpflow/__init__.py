@@ -1,7 +1,8 @@
 """ddpflow: DDP training on Dask, tracked in MLflow.
 
-The public API (docs/api.md): write `train(ctx, *args)` against a TrainContext and run it
-with `ddpflow.run(client, train, ...)`, or inside a Prefect flow with
+The public API (docs/api.md): write `train(ctx, *args)` against a TrainContext (with your
+own loop, or `ddpflow.fit(ctx, ...)`, the loop the built-in workloads use) and run it with
+`ddpflow.run(client, train, ...)`, or inside a Prefect flow with
 `ddpflow.run_in_flow(train, ...)`. The names load on first use, so `import ddpflow` stays
 cheap (no torch, Dask or MLflow import) for code that needs only a submodule; only
 run_in_flow loads prefect (it lives in tasks/, since the library never imports prefect).
@@ -21,11 +22,20 @@ if TYPE_CHECKING:
         WorkersNotBack,
     )
     from ddpflow.distributed.failures import LaunchError
+    from ddpflow.fitting import fit
+    from ddpflow.samples import Samples, TensorPairs, TensorSamples
     from ddpflow.train_context import Stateful, TrainContext
+    from ddpflow.train_loop import EpochStats, FitHooks
     from ddpflow_tasks.ddp import run_in_flow
 
 _EXPORTS = {
     "run": "ddpflow.api",
+    "fit": "ddpflow.fitting",
+    "FitHooks": "ddpflow.train_loop",
+    "EpochStats": "ddpflow.train_loop",
+    "Samples": "ddpflow.samples",
+    "TensorSamples": "ddpflow.samples",
+    "TensorPairs": "ddpflow.samples",
     "run_in_flow": "ddpflow_tasks.ddp",
     "TrainContext": "ddpflow.train_context",
     "Stateful": "ddpflow.train_context",
@@ -36,13 +46,19 @@ _EXPORTS = {
     "LaunchError": "ddpflow.distributed.failures",
 }
 __all__ = [
+    "EpochStats",
+    "FitHooks",
     "LaunchError",
     "RepeatedFailure",
     "Restart",
     "RestartsExhausted",
+    "Samples",
     "Stateful",
+    "TensorPairs",
+    "TensorSamples",
     "TrainContext",
     "WorkersNotBack",
+    "fit",
     "run",
     "run_in_flow",
 ]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import cloudpickle
 import distributed
 
+from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.redact import redact_url
@@ -30,6 +31,7 @@ from ddpflow.tracking import (
     failed_on_error,
     log_restart,
     logger_for_rank,
+    spool_folder,
     start_run,
 )
 from ddpflow.tracking_spool import Unsent
@@ -89,7 +91,7 @@ def run(
     with failed_on_error(ref) if owned else nullcontext():
         outcomes, _ = launch_with_restarts(
             client,
-            _rank_entry,
+            rank_entry,
             train,
             args,
             settings,
@@ -106,13 +108,23 @@ def run(
     return result
 
 
-def _rank_entry(
-    rank_ctx: Any, train: Callable[..., R], args: tuple, settings: TrainSettings, ref: RunRef | None
+def rank_entry(
+    rank_ctx: RankContext,
+    train: Callable[..., R],
+    args: tuple,
+    settings: TrainSettings,
+    ref: RunRef | None,
 ) -> tuple[R, tuple[Unsent, ...]]:
-    """On each rank's worker: the user's function with its TrainContext. Then the logger's
-    calls are sent (bounded, the heartbeat kept going); what MLflow still lacks comes back
-    with the result, so the run can say it is incomplete."""
-    logger = logger_for_rank(rank_ctx.is_main, ref) if ref is not None else None
+    """On each rank's worker: `train(ctx, *args)` with its TrainContext (a user's function,
+    or a built-in workload's `train_rank`). Then the logger's calls are sent (bounded, the
+    heartbeat kept going); what MLflow still lacks comes back with the result, so the run
+    can say it is incomplete. Rank 0's calls wait on disk during an MLflow outage: beside
+    the checkpoints when they are in a local folder (ddpflow.tracking.spool_folder)."""
+    logger = None
+    if ref is not None:
+        folder = settings.checkpoint_dir
+        spool = spool_folder(folder, ref.run_id) if folder else None
+        logger = logger_for_rank(rank_ctx.is_main, ref, spool)
     unsent: list[Unsent] = []
     try:
         result = train(TrainContext(rank_ctx, settings, logger), *args)

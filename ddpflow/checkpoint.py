@@ -1,5 +1,10 @@
 """Checkpoints: plain state_dicts plus the model config, with a pointer to the latest good one.
 
+One format for every training (TrainContext.save_checkpoint writes it, the built-in workloads
+included): {"format_version": 1, "epoch": <step>, "<name>_state": <state_dict> for each named
+object (model, optimizer, scheduler, scaler...), plus plain `info` values (the workloads'
+"model_config" and "extra") and, inside an epoch, "position"}. One load restores everything.
+
 Layout under a run's checkpoint folder:
     epoch-0001.pt    torch.save of a dict of tensors and plain values (weights_only loadable)
     epoch-0001.step-00000030.pt
@@ -18,9 +23,9 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -45,6 +50,58 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+class Stateful(Protocol):
+    """Anything a checkpoint can carry: a module, an optimizer, an LR scheduler, a GradScaler."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
+
+
+STATE_SUFFIX = "_state"
+_RESERVED = {"format_version", "epoch", "position"}
+
+
+def pack_state(
+    epoch: int, objects: Mapping[str, Stateful], info: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A checkpoint of `objects` (each saved as "<name>_state", unwrapped from DDP) after
+    `epoch` epochs (or steps), with plain `info` values beside them."""
+    info = dict(info or {})
+    clashes = sorted(k for k in info if k in _RESERVED or k.endswith(STATE_SUFFIX))
+    if clashes:
+        raise ValueError(
+            f"checkpoint info keys {clashes} are reserved: rename them (not "
+            f"{sorted(_RESERVED)}, not ending in {STATE_SUFFIX!r})"
+        )
+    states = {name + STATE_SUFFIX: unwrap(obj).state_dict() for name, obj in objects.items()}
+    return {"format_version": FORMAT_VERSION, "epoch": epoch, **info, **states}
+
+
+def saved_names(state: Mapping[str, Any]) -> list[str]:
+    """The names of the objects a checkpoint holds."""
+    return sorted(k.removesuffix(STATE_SUFFIX) for k in state if k.endswith(STATE_SUFFIX))
+
+
+def unpack_state(state: Mapping[str, Any], objects: Mapping[str, Stateful], uri: str) -> int:
+    """Load a checkpoint into the named objects, which must be exactly the ones it holds;
+    the epoch (or step) it was saved after."""
+    saved = saved_names(state)
+    if not saved or "epoch" not in state:
+        raise ValueError(
+            f"{uri} was not written by TrainContext.save_checkpoint(): give the training a "
+            "checkpoint folder of its own"
+        )
+    if saved != sorted(objects):
+        raise ValueError(
+            f"resume() got {sorted(objects)} but the checkpoint holds {saved} ({uri}): "
+            "pass the same names to resume() and save_checkpoint()"
+        )
+    for name, obj in objects.items():
+        unwrap(obj).load_state_dict(state[name + STATE_SUFFIX])
+    return int(state["epoch"])
+
+
 def build_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -53,17 +110,13 @@ def build_state(
     extra: dict[str, Any] | None = None,
     speed: TrainSpeed | None = None,
 ) -> dict[str, Any]:
-    """What a checkpoint holds: enough to rebuild the model and continue training
+    """A built-in workload's checkpoint: enough to rebuild the model and continue training
     (with `speed`, its GradScaler's scale too: an fp16 run resumes with the same scale)."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "epoch": epoch,
-        "model_config": dict(model_config),
-        "model_state": unwrap(model).state_dict(),
-        "optimizer_state": optimizer.state_dict(),
-        "extra": dict(extra or {}),
-        "scaler_state": speed.state_dict() if speed is not None else {},
-    }
+    objects: dict[str, Stateful] = {"model": model, "optimizer": optimizer}
+    if speed is not None:
+        objects["scaler"] = speed
+    info = {"model_config": dict(model_config), "extra": dict(extra or {})}
+    return pack_state(epoch, objects, info)
 
 
 def encode(state: dict[str, Any]) -> bytes:
@@ -168,34 +221,19 @@ def _is_checkpoint_name(name: str) -> bool:
     return name.startswith("epoch-") and name.endswith(".pt")
 
 
-def resume(
-    store: CheckpointStore,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    speed: TrainSpeed | None = None,
-) -> int:
-    """Load the latest complete checkpoint into model, optimizer (and the GradScaler of
-    `speed`); the epoch to start at."""
-    return resume_position(store, model, optimizer, speed)[0]
-
-
-def resume_position(
-    store: CheckpointStore,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    speed: TrainSpeed | None = None,
-) -> tuple[int, EpochPosition | None, dict[str, Any] | None]:
-    """Like resume(), plus where inside the epoch to go on (None: at its start) and the
-    loaded state, for what a workload saved besides (a scheduler's state)."""
-    if store.latest_uri() is None:
-        return 0, None, None
-    state = store.load()
-    model.load_state_dict(state["model_state"])
-    optimizer.load_state_dict(state["optimizer_state"])
-    if speed is not None:
-        speed.load_state_dict(state.get("scaler_state"))
+def resume_from(
+    store: CheckpointStore, objects: Mapping[str, Stateful]
+) -> tuple[int, EpochPosition | None]:
+    """Load the latest complete checkpoint into the named objects: the epochs (or steps) it
+    was saved after (0: none yet), and where inside the next epoch it was taken (None: at
+    an epoch's end)."""
+    uri = store.latest_uri()
+    if uri is None:
+        return 0, None
+    state = store.load(uri)
+    epoch = unpack_state(state, objects, uri)
     position = state.get("position")
-    return int(state["epoch"]), EpochPosition.from_dict(position) if position else None, state
+    return epoch, EpochPosition.from_dict(position) if position else None
 
 
 def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:

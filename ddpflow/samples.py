@@ -39,3 +39,24 @@ class TensorSamples:
 
     def batch(self, index: torch.Tensor) -> Batch:
         return self.to_batch(self.data[index])
+
+
+@dataclass(frozen=True)
+class TensorPairs:
+    """Inputs and targets as two tensors of the same length (row i of each is sample i)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.targets):
+            raise ValueError(
+                f"TensorPairs got {len(self.inputs)} inputs but {len(self.targets)} targets: "
+                "pass one target per input row"
+            )
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        return self.inputs[index], self.targets[index]

@@ -29,8 +29,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:  # annotations only: the loop and checkpoint modules import this one
-    from ddpflow.distributed.context import RankContext
-    from ddpflow.metric_loggers import MetricLogger
+    from ddpflow.train_context import TrainContext
 
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("auto", "fp32", "bf16", "fp16")
@@ -218,7 +217,7 @@ class TrainSpeed:
 PLAIN = SpeedSettings()  # the defaults: nothing changes
 
 
-def announce(speed: TrainSpeed, ctx: RankContext, logger: MetricLogger) -> None:
+def announce(speed: TrainSpeed, ctx: TrainContext) -> None:
     """Rank 0 says what runs: a progress line (with why a setting did nothing) and the
     resolved values as the run's `ddpflow.speed` tag, next to the requested parameters."""
     if not ctx.is_main:
@@ -227,4 +226,4 @@ def announce(speed: TrainSpeed, ctx: RankContext, logger: MetricLogger) -> None:
     ctx.report("speed settings: " + ", ".join(f"{k}={v}" for k, v in resolved.items()))
     for note in speed.notes:
         ctx.report(note)
-    logger.set_tags({"ddpflow.speed": json.dumps(resolved)})
+    ctx.metric_logger.set_tags({"ddpflow.speed": json.dumps(resolved)})

@@ -1,35 +1,34 @@
 """What a user's training function gets on every rank: `train(ctx, *args)`.
 
 A thin layer over the launcher's RankContext that adds the parts every training repeats:
-metric logging (rank 0 only), checkpoints with exact resume, per-epoch reseeding and data
-sharding. It holds no config of its own beyond what ddpflow.run() hands each rank.
+metric logging (rank 0 only), checkpoints with exact resume (at an epoch's end or inside
+one), per-epoch reseeding and data sharding. It holds no config of its own beyond what
+ddpflow.run() hands each rank. The built-in workloads run on it too, through ddpflow.fit().
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import torch
 from torch import nn
 
 from ddpflow.batching import MAX_SEED, epoch_batches
-from ddpflow.checkpoint import LATEST_CHECKPOINT_TAG, CheckpointStore, encode, unwrap
+from ddpflow.checkpoint import (
+    CheckpointStore,
+    Stateful,
+    pack_state,
+    resume_from,
+    write_checkpoint,
+)
 from ddpflow.distributed.context import RankContext
-from ddpflow.step_checkpoints import epoch_seed
-from ddpflow.tracking import MetricLogger, NullLogger
+from ddpflow.step_checkpoints import EpochPosition, epoch_seed
+from ddpflow.tracking import MetricLogger, NullLogger, flush_logger
 
-API_FORMAT_VERSION = 1
+__all__ = ["Stateful", "TrainContext", "TrainSettings"]
 T = TypeVar("T")
-
-
-class Stateful(Protocol):
-    """Anything a checkpoint can carry: a module, an optimizer, an LR scheduler, a GradScaler."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any], /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -88,10 +87,32 @@ class TrainContext:
         log). Every rank may send; send from rank 0 to get each line once."""
         self._rank_ctx.report(message)
 
-    def heartbeat(self) -> None:
+    def heartbeat(self, step: int | None = None) -> None:
         """Say this rank is alive. save_checkpoint() beats by itself; call it at least once
-        per `timeout_s` of ddpflow.run() (e.g. every step) or the group is failed as hung."""
-        self._rank_ctx.heartbeat()
+        per `timeout_s` of ddpflow.run() (e.g. every step) or the group is failed as hung.
+        `step` (the global training step just done) lets a restart tell whether training
+        had begun."""
+        self._rank_ctx.heartbeat(step)
+
+    @property
+    def rank_context(self) -> RankContext:
+        """The launcher's view of the rank (for ddpflow's own loops: fit, evaluation)."""
+        return self._rank_ctx
+
+    @property
+    def metric_logger(self) -> MetricLogger:
+        """Rank 0's MLflow logger (tags, artifacts); a no-op elsewhere and when untracked."""
+        return self._logger
+
+    @property
+    def can_checkpoint(self) -> bool:
+        """Whether the training has a checkpoint folder (ddpflow.run's checkpoint_dir)."""
+        return self._store is not None
+
+    @property
+    def latest_checkpoint(self) -> str | None:
+        """The URI of the newest complete checkpoint, or None (none yet, or no folder)."""
+        return self._store.latest_uri() if self._store is not None else None
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         """To the MLflow run on rank 0, in the background; a no-op on other ranks and when
@@ -139,26 +160,47 @@ class TrainContext:
         on every rank (DDP waits forever for a rank that skips a step)."""
         return epoch_batches(num_samples, batch_size, self.rank, self.world_size, self.seed, epoch)
 
-    def save_checkpoint(self, step: int, **objects: Stateful) -> None:
+    def save_checkpoint(
+        self,
+        step: int,
+        *,
+        position: EpochPosition | None = None,
+        info: Mapping[str, Any] | None = None,
+        **objects: Stateful,
+    ) -> None:
         """Checkpoint after `step` (an epoch or step count, >= 1): call on EVERY rank.
 
         Rank 0 writes the state_dict of each named object (model, optimizer, scheduler...)
-        into one file, then moves the `latest` pointer to it; no rank returns before it
-        is written, so a restart always finds it. Objects in DistributedDataParallel are
-        saved unwrapped.
+        and the plain values of `info` into one file, then moves the `latest` pointer to it;
+        no rank returns before it is written, so a restart always finds it. Objects in
+        DistributedDataParallel are saved unwrapped. A checkpoint at an epoch's end is also
+        copied into the MLflow run; one inside an epoch (`position`, from ddpflow.fit) is not.
         """
-        store = self._require_store("save_checkpoint")
+        self._require_store("save_checkpoint")
         if step < 1:
             raise ValueError(f"save_checkpoint(step={step}): step must be >= 1")
         if not objects:
             raise ValueError("save_checkpoint() got nothing to save: pass e.g. model=model")
         with self._rank_ctx.rank0_io("checkpoint"):
             if self.is_main:
-                states = {name: unwrap(obj).state_dict() for name, obj in objects.items()}
-                state = {"format_version": API_FORMAT_VERSION, "epoch": step, "states": states}
-                store.save_encoded(step, encode(state))
-                self._logger.set_tags({LATEST_CHECKPOINT_TAG: store.uri_for(step)})
+                self.write_checkpoint(step, objects, position=position, info=info)
         self.heartbeat()
+
+    def write_checkpoint(
+        self,
+        step: int,
+        objects: Mapping[str, Stateful],
+        *,
+        position: EpochPosition | None = None,
+        info: Mapping[str, Any] | None = None,
+    ) -> str:
+        """Rank 0's part of save_checkpoint(), for loops that already hold the other ranks
+        (ddpflow.fit calls it inside its own rank0_io wait). Logging calls made before the
+        checkpoint reach MLflow first, so a resume never logs them twice."""
+        store = self._require_store("save_checkpoint")
+        flush_logger(self._logger)
+        state = pack_state(step, objects, info)
+        return write_checkpoint(store, self._logger, step, state, position)
 
     def resume(self, **objects: Stateful) -> int:
         """Load the latest checkpoint into the named objects; returns its step (0: none).
@@ -166,23 +208,14 @@ class TrainContext:
         Call on every rank with the same names that save_checkpoint() got, before
         training: continue with step + 1 (or epoch `step` counted from 0).
         """
-        if self._store is None or self._store.latest_uri() is None:
-            return 0
-        state = self._store.load()
-        saved = state.get("states")
-        if not isinstance(saved, dict):
-            raise ValueError(
-                f"{self._store.latest_uri()} was not written by TrainContext.save_checkpoint(); "
-                "give ddpflow.run() a checkpoint_dir of its own"
-            )
-        if set(saved) != set(objects):
-            raise ValueError(
-                f"resume() got {sorted(objects)} but the checkpoint holds {sorted(saved)}: "
-                "pass the same names to resume() and save_checkpoint()"
-            )
-        for name, obj in objects.items():
-            unwrap(obj).load_state_dict(saved[name])
-        return int(state["epoch"])
+        return self.resume_position(**objects)[0]
+
+    def resume_position(self, **objects: Stateful) -> tuple[int, EpochPosition | None]:
+        """resume(), plus where inside the next epoch the checkpoint was taken (None: at
+        an epoch's end), for loops that checkpoint inside epochs (ddpflow.fit)."""
+        if self._store is None:
+            return 0, None
+        return resume_from(self._store, objects)
 
     def _require_store(self, what: str) -> CheckpointStore:
         if self._store is None:

@@ -40,6 +40,7 @@ from ddpflow.training_progress import StepReporter, StepWindow
 
 Evaluate = Callable[[nn.Module], Mapping[str, float]]
 StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # save_checkpoint(epochs_done) at an epoch end, (epochs_done, position) inside an epoch.
 SaveCheckpoint = Callable[..., None]
 
@@ -92,12 +93,15 @@ class FitHooks:
     speed: the rank's resolved speed settings (ddpflow.speed): host-to-device copies,
         autocast around the training forward, backward and step through its GradScaler.
         None: plain fp32 steps.
+    loss: `loss(outputs, targets)` for a model called as `model(inputs)`; None: the model
+        is called as `model(inputs, targets)` and returns (outputs, loss) itself.
     """
 
     evaluate: Evaluate | None = None
     step_metrics: StepMetrics | None = None
     on_epoch_end: Callable[[EpochStats], None] | None = None
     speed: TrainSpeed | None = None
+    loss: Loss | None = None
 
 
 def fit(
@@ -150,6 +154,7 @@ def fit(
             step_metrics=hooks.step_metrics,
             progress=progress,
             speed=hooks.speed,
+            loss_fn=hooks.loss,
             resume_at=position,
             checkpoints=steps,
         )
@@ -183,7 +188,8 @@ def _validate(
         if "val_loss" not in metrics:
             raise ValueError(f"FitHooks.evaluate must return 'val_loss', got {sorted(metrics)}")
         return metrics
-    return {"val_loss": evaluate_loss(unwrap(model), val, ctx, plan.eval_batch_size)}
+    loss = evaluate_loss(unwrap(model), val, ctx, plan.eval_batch_size, hooks.loss)
+    return {"val_loss": loss}
 
 
 def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
@@ -222,6 +228,7 @@ def _train_epoch(
     resume_at: EpochPosition | None = None,
     checkpoints: StepCheckpointer | None = None,
     speed: TrainSpeed | None = None,
+    loss_fn: Loss | None = None,
 ) -> tuple[float, int]:
     """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks)."""
     speed = speed or TrainSpeed(device=ctx.device)
@@ -245,7 +252,7 @@ def _train_epoch(
         x, y = speed.to_device(x), speed.to_device(y)
         optimizer.zero_grad(set_to_none=True)
         with speed.autocast():
-            logits, loss = model(x, y)
+            logits, loss = forward(model, x, y, loss_fn)
         speed.backward_and_step(loss, optimizer)
         ctx.heartbeat(first_step + i + 1)  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
@@ -275,16 +282,32 @@ def _train_epoch(
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
 
 
+def forward(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(outputs, loss): from the model itself, or from `loss_fn` on its outputs."""
+    if loss_fn is None:
+        return model(x, y)
+    outputs = model(x)
+    return outputs, loss_fn(outputs, y)
+
+
 @torch.no_grad()
-def evaluate_loss(model: nn.Module, data: Samples, ctx: RankContext, batch_size: int) -> float:
-    """Mean per-symbol loss over `data`, each rank scoring its own shard."""
+def evaluate_loss(
+    model: nn.Module,
+    data: Samples,
+    ctx: RankContext,
+    batch_size: int,
+    loss_fn: Loss | None = None,
+) -> float:
+    """Mean loss per sample over `data`, each rank scoring its own shard."""
     was_training = model.training
     model.eval()
     totals = torch.zeros(2, dtype=torch.float64)
     index = shard(len(data), ctx.rank, ctx.world_size)
     for chunk in index.split(batch_size):
         x, y = data.batch(chunk)
-        _, loss = model(x.to(ctx.device), y.to(ctx.device))
+        _, loss = forward(model, x.to(ctx.device), y.to(ctx.device), loss_fn)
         totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
         ctx.heartbeat()  # a long validation is progress too
     model.train(was_training)

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from prefect import get_run_logger
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.api import rank_entry
 from ddpflow.config import LaunchSettings
-from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
+from ddpflow.train_context import TrainContext
+from ddpflow.train_loop import TrainResult
 from ddpflow_tasks.flow_client import current_dask_client
 from ddpflow_tasks.progress_artifact import training_progress
 from ddpflow_tasks.tracking_report import publish_unsent
 
 
 def train_with_restarts(
-    rank_fn: Callable[[RankContext, Any], Any],
+    rank_fn: Callable[[TrainContext, Any], TrainResult],
     job: Any,
     run: RunRef,
     artifact_key: str,
@@ -33,6 +36,9 @@ def train_with_restarts(
 ) -> Any:
     """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
 
+`rank_fn` is a training function of the public API (ctx: a TrainContext), launched as
+ddpflow.run() launches one; `job.train_settings()` gives its checkpoint folder and seed.
+
     Runs in the flow process (the caller is a task called directly, not submitted), so no
     task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
     run, and all of them are listed in a Prefect artifact. The progress over all attempts is
@@ -43,8 +49,11 @@ def train_with_restarts(
     with training_progress(client, run.run_id, progress_key, "DDP training"):
         results, restarts = launch_with_restarts(
             client,
+            rank_entry,
             rank_fn,
-            job,
+            (job,),
+            job.train_settings(),
+            run,
             world_size=world_size,
             min_workers=min_workers,
             timeout_s=rank_timeout_s,
@@ -60,10 +69,10 @@ def train_with_restarts(
             key=artifact_key,
             description="DDP group restarts",
         )
-    unsent = getattr(results[0], "unsent", ())
+    result, unsent = results[0]
     if unsent:
         publish_unsent(run, unsent, incomplete_key)
-    return results[0]
+    return replace(result, unsent=unsent)
 
 
 def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 from prefect import get_run_logger, task
 
+from ddpflow.api import rank_entry
 from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.distributed import launch
 from ddpflow.sweep import trial_rank
@@ -34,12 +36,16 @@ def train_trial(
     with training_progress(client, job.run.run_id, key, f"trial {index}"):
         results = launch(
             client,
+            rank_entry,
             trial_rank,
-            job,
+            (job,),
+            job.train_settings(),
+            job.run,
             world_size=len(workers),
             workers=workers,
             timeout_s=rank_timeout_s,
             resources=dict(rank_resources) if rank_resources else None,
             on_progress=get_run_logger().info,  # in this trial task's log
         )
-    return results[0]
+    result, unsent = results[0]
+    return replace(result, unsent=unsent)

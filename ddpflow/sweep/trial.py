@@ -10,7 +10,7 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ddpflow.charlm.training import CharLMTrainJob, train_rank
-from ddpflow.distributed.context import RankContext
+from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import EpochStats, TrainResult
 
 ELAPSED_METRIC = "elapsed_s"
@@ -27,7 +27,7 @@ def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
     return [(s.epoch, total) for s, total in zip(history, totals, strict=True)]
 
 
-def trial_rank(ctx: RankContext, job: CharLMTrainJob) -> TrainResult:
+def trial_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
     """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
     result = train_rank(ctx, job)
     if ctx.is_main:

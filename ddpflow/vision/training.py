@@ -1,4 +1,7 @@
-"""The rank entry point for image classification: build objects from a job, then call fit()."""
+"""The rank entry point for image classification: build objects from a job, then ddpflow.fit().
+
+Like the pet-name model's, a training function of the public API on a TrainContext.
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,16 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
-from ddpflow.checkpoint import CheckpointStore, build_state, resume_position, write_checkpoint
 from ddpflow.distributed.context import RankContext
+from ddpflow.fitting import fit
 from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
-from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
+from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
 from ddpflow.system_metrics import rank_system_metrics
-from ddpflow.tracking import RunRef, close_logger, logger_for_rank, spool_folder
-from ddpflow.train_loop import FitHooks, FitPlan, TrainResult, fit
-from ddpflow.training_progress import progress_topic
+from ddpflow.tracking import RunRef
+from ddpflow.train_context import TrainContext, TrainSettings
+from ddpflow.train_loop import FitHooks, TrainResult
 from ddpflow.vision.data import ImageSplit, load_split
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
 from ddpflow.vision.model import (
@@ -56,6 +58,10 @@ class ImageTrainJob:
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
 
+    def train_settings(self) -> TrainSettings:
+        """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
+        return TrainSettings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
+
 
 def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
     if kind == "adam":
@@ -71,14 +77,14 @@ class _Trainer:
     """The built objects of one rank."""
 
     model: ImageClassifier
-    ddp_model: DistributedDataParallel
+    ddp_model: nn.Module
     optimizer: torch.optim.Optimizer
     scheduler: ReduceLROnPlateau
     lr: float
     speed: TrainSpeed
 
 
-def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
+def _build(ctx: TrainContext, job: ImageTrainJob) -> _Trainer:
     speed = job.speed.resolve(ctx.device, images=True)  # fails before any training
     torch.manual_seed(job.seed)  # the same new head on every rank (DDP broadcasts it anyway)
     cfg = job.model
@@ -88,9 +94,7 @@ def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
     size = cfg.image_size
     probe = torch.zeros(2, 3, size, size, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)
     speed.check_runs(model, *probe)
-    ddp_model = DistributedDataParallel(
-        model, device_ids=[0] if ctx.device.type == "cuda" else None
-    )
+    ddp_model = ctx.wrap(model)
     speed.compile_model(ddp_model)
     # Linear scaling: the global batch is batch_size * world_size, so is the step.
     lr = job.lr * ctx.world_size
@@ -100,67 +104,46 @@ def _build(ctx: RankContext, job: ImageTrainJob) -> _Trainer:
     return _Trainer(model, ddp_model, optimizer, scheduler, lr, speed)
 
 
-def train_rank(ctx: RankContext, job: ImageTrainJob) -> TrainResult:
+def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
+    """Train, or resume exactly (the scheduler included) from the latest checkpoint."""
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
-    logger = logger_for_rank(
-        ctx.is_main, job.run, spool_folder(job.checkpoint_root, job.run.run_id)
-    )
-    store = CheckpointStore(job.checkpoint_root, job.keep_last)
-    # After a restart: continue from the latest complete checkpoint (scheduler included).
-    start_epoch, position, state = resume_position(store, built.model, optimizer, built.speed)
-    announce(built.speed, ctx, logger)
-    if state is not None:
-        scheduler.load_state_dict(state["scheduler_state"])
+    announce(built.speed, ctx)
     train, val = load_split(job.train_uri), load_split(job.val_uri)
-
-    def save_checkpoint(epoch: int, position: EpochPosition | None = None) -> None:
-        extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
-        state = build_state(
-            built.model, optimizer, epoch, job.model.to_dict(), extra=extra, speed=built.speed
-        )
-        state["scheduler_state"] = scheduler.state_dict()
-        write_checkpoint(store, logger, epoch, state, position)
+    extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
         lr = optimizer.param_groups[0]["lr"]
         return {"train_accuracy": batch_accuracy(logits, targets), "lr": lr}
 
     hooks = FitHooks(
-        evaluate=partial(_evaluate, split=val, ctx=ctx, batch_size=job.eval_batch_size),
+        evaluate=partial(
+            _evaluate, split=val, ctx=ctx.rank_context, batch_size=job.eval_batch_size
+        ),
         step_metrics=step_metrics,
         on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
         speed=built.speed,
     )
-    plan = FitPlan(
-        job.epochs,
-        job.batch_size,
-        job.seed,
-        start_epoch=start_epoch,
-        log_every_steps=job.log_every_steps,
-        progress_topic=progress_topic(job.run.run_id),
-        checkpoints=CheckpointSchedule(
-            job.checkpoint_every_steps, job.checkpoint_every_s, job.log_every_steps
-        ),
-        resume_at=position,
-    )
     with rank_system_metrics(job.run, ctx.rank):
         history = fit(
+            ctx,
             model=built.ddp_model,
             optimizer=optimizer,
             train=train,
             val=val,
-            ctx=ctx,
-            logger=logger,
-            save_checkpoint=save_checkpoint,
-            plan=plan,
+            epochs=job.epochs,
+            batch_size=job.batch_size,
+            state={"scheduler": scheduler},
+            info={"model_config": job.model.to_dict(), "extra": extra},
             hooks=hooks,
+            log_every_steps=job.log_every_steps,
+            checkpoint_every_steps=job.checkpoint_every_steps,
+            checkpoint_every_s=job.checkpoint_every_s,
         )
-    # Everything logged is in MLflow before the flow reads it, or listed in `unsent`.
-    unsent = close_logger(logger, ctx.heartbeat)
-    latest = store.latest_uri() if ctx.is_main else None
     return TrainResult(
-        rank=ctx.rank, history=history, latest_checkpoint=latest, unsent=tuple(unsent)
+        rank=ctx.rank,
+        history=history,
+        latest_checkpoint=ctx.latest_checkpoint if ctx.is_main else None,
     )
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ddpflow
-from examples import digits
+from examples import digits, digits_fit
 
 KILL_AFTER_CHECKPOINT = 2
 
@@ -89,3 +89,50 @@ def logs_three_points(ctx: ddpflow.TrainContext) -> str:
     for step in (1, 2, 3):
         ctx.log_metrics({"x": float(step)}, step=step)
     return "trained"
+
+
+# A global step inside epoch 2 of examples/digits_fit (21-22 steps an epoch on 2 ranks),
+# after that epoch's checkpoint at step 10 and before the one at step 20.
+KILL_AT_GLOBAL_STEP = 36
+
+
+class _StepsReportPid:
+    """The launcher's rank context of rank 1, reporting "pid N" at KILL_AT_GLOBAL_STEP and
+    waiting there to be killed; everything else is the real context."""
+
+    def __init__(self, rank_ctx: Any):
+        self._rank_ctx = rank_ctx
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._rank_ctx, name)
+
+    def heartbeat(self, step: int | None = None) -> None:
+        self._rank_ctx.heartbeat(step)
+        if step == KILL_AT_GLOBAL_STEP:
+            self._rank_ctx.report(f"pid {os.getpid()}")
+            for _ in range(600):
+                self._rank_ctx.heartbeat()
+                time.sleep(0.1)
+            raise RuntimeError("rank 1 was not killed within 60 s")
+
+
+class _KilledMidEpoch:
+    """A TrainContext whose rank 1 is offered up for a SIGKILL inside an epoch, on a fresh
+    start only: the relaunch resumes from the checkpoint inside that epoch and goes on."""
+
+    def __init__(self, ctx: ddpflow.TrainContext):
+        self._ctx = ctx
+        self._armed = ctx.rank == 1 and ctx.latest_checkpoint is None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    @property
+    def rank_context(self) -> Any:
+        real = self._ctx.rank_context
+        return _StepsReportPid(real) if self._armed else real
+
+
+def digits_fit_killed_mid_epoch(ctx: ddpflow.TrainContext, epochs: int) -> float:
+    """examples/digits_fit's training, with rank 1 killed inside epoch 2."""
+    return digits_fit.train(_KilledMidEpoch(ctx), epochs)

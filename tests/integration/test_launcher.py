@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from ddpflow.api import rank_entry
 from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob, train_rank
@@ -139,7 +140,17 @@ def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
         keep_last=2,
         run=run,
     )
-    (result,) = launch(dask_client, train_rank, job, world_size=1, timeout_s=60)
+    ((result, unsent),) = launch(
+        dask_client,
+        rank_entry,
+        train_rank,
+        (job,),
+        job.train_settings(),
+        run,
+        world_size=1,
+        timeout_s=60,
+    )
+    assert unsent == ()
     assert [s.epoch for s in result.history] == [1, 2]
     assert result.history[1].val_loss < result.history[0].val_loss
     assert [step for step, _ in metric_history(run, "val_loss")] == [1, 2]

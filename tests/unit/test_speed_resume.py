@@ -25,6 +25,7 @@ from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankSpec, find_free_port, process_group
 from ddpflow.speed import SpeedError, SpeedSettings
 from ddpflow.tracking import RunRef
+from ddpflow.train_context import TrainContext
 from ddpflow.vision import training as vision_training
 from ddpflow.vision.model import ImageModelConfig
 
@@ -45,12 +46,12 @@ class _Logger:
         self.tags.update(tags)
 
 
-def _rank(train: Callable[[Any, Any], Any], job: Any) -> Any:
+def _rank(train: Callable[[Any, Any], Any], job: Any, logger: Any = None) -> Any:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with process_group(RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", 60, "t")) as ctx:
-            return train(ctx, job)
+            return train(TrainContext(ctx, job.train_settings(), logger or _Logger()), job)
     finally:
         torch.set_num_threads(threads)
 
@@ -98,8 +99,7 @@ def _charlm_job(tmp_path: Path, root: str, speed: SpeedSettings) -> Any:
 
 
 @pytest.mark.timeout(120)
-def test_charlm_fp32_resumes_bitwise(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(charlm_training, "logger_for_rank", lambda *args: _Logger())
+def test_charlm_fp32_resumes_bitwise(tmp_path) -> None:
     speed = SpeedSettings("auto", pin_memory=True)  # on CPU: fp32, pinning a no-op
     _assert_resume_is_exact(
         lambda root: _rank(charlm_training.train_rank, _charlm_job(tmp_path, root, speed)),
@@ -108,13 +108,12 @@ def test_charlm_fp32_resumes_bitwise(tmp_path, monkeypatch) -> None:
 
 
 @pytest.mark.timeout(120)
-def test_charlm_bf16_resumes_bitwise_or_is_refused_before_training(tmp_path, monkeypatch):
+def test_charlm_bf16_resumes_bitwise_or_is_refused_before_training(tmp_path):
     logger = _Logger()
-    monkeypatch.setattr(charlm_training, "logger_for_rank", lambda *args: logger)
     speed = SpeedSettings("bf16")
 
     def run(root: str) -> Any:
-        return _rank(charlm_training.train_rank, _charlm_job(tmp_path, root, speed))
+        return _rank(charlm_training.train_rank, _charlm_job(tmp_path, root, speed), logger)
 
     try:
         run(str(tmp_path / "probe"))
@@ -148,11 +147,10 @@ def _image_job(tmp_path: Path, root: str, speed: SpeedSettings) -> Any:
     [SpeedSettings("fp32"), SpeedSettings("fp32", channels_last=True), SpeedSettings("bf16", True)],
     ids=["fp32", "channels_last", "bf16_channels_last"],
 )
-def test_images_resume_bitwise(tmp_path, monkeypatch, speed: SpeedSettings) -> None:
+def test_images_resume_bitwise(tmp_path, speed: SpeedSettings) -> None:
     logger = _Logger()
-    monkeypatch.setattr(vision_training, "logger_for_rank", lambda *args: logger)
     _assert_resume_is_exact(
-        lambda root: _rank(vision_training.train_rank, _image_job(tmp_path, root, speed)),
+        lambda root: _rank(vision_training.train_rank, _image_job(tmp_path, root, speed), logger),
         tmp_path,
     )
     resolved = logger.tags["ddpflow.speed"]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_from
 from ddpflow.distributed.context import RankContext
 from ddpflow.samples import TensorSamples
 from ddpflow.speed import CudaCaps, SpeedError, SpeedSettings, TrainSpeed
@@ -108,7 +108,12 @@ def test_the_grad_scaler_state_round_trips_through_a_checkpoint(tmp_path) -> Non
     store.save_encoded(1, encode(state))
     restored = TrainSpeed(precision="fp16")
     restored.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16, growth_interval=3)
-    assert resume(store, nn.Linear(2, 2), torch.optim.SGD(model.parameters(), lr=0.1), restored)
+    objects = {
+        "model": nn.Linear(2, 2),
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.1),
+        "scaler": restored,
+    }
+    assert resume_from(store, objects) == (1, None)
     assert restored.scaler.state_dict() == saved.scaler.state_dict()
     assert restored.scaler.state_dict()["_growth_tracker"] == 1
 

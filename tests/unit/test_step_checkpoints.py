@@ -15,7 +15,7 @@ from torch import nn
 
 from ddpflow import graceful_stop, step_checkpoints
 from ddpflow.batching import epoch_batches
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_position
+from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_from
 from ddpflow.distributed.context import RankContext
 from ddpflow.samples import TensorSamples
 from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule, EpochPosition, step_seed
@@ -74,7 +74,7 @@ def train(
     data = torch.randn(48, 4)
     model = Dropping()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    start_epoch, position, _ = resume_position(store, model, optimizer)
+    start_epoch, position = resume_from(store, {"model": model, "optimizer": optimizer})
     taken = 0
 
     def to_batch(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -185,3 +185,50 @@ def test_bad_run_options_fail_before_any_work(tmp_path: Path, option, message):
             **option,
         )
     assert not store.exists(), "no MLflow run is created for a call that fails its checks"
+
+
+def test_checkpoint_info_is_kept_beside_the_objects_and_reserved_names_are_refused(tmp_path):
+    """docs/api.md "Checkpoints and resume": `info` holds plain values (a model config) in
+    the same file; names that would shadow the format's own keys are refused, naming them."""
+    ctx = context(checkpoint_dir=str(tmp_path))
+    model, optimizer, _ = trained(1)
+    ctx.save_checkpoint(1, info={"model_config": {"width": 3}}, model=model)
+    state = torch.load(ctx.latest_checkpoint, weights_only=True)
+    assert state["model_config"] == {"width": 3} and "model_state" in state
+    for bad in ({"epoch": 5}, {"weights_state": 1}):
+        with pytest.raises(ValueError, match=rf"checkpoint info keys \['{next(iter(bad))}'\]"):
+            ctx.save_checkpoint(2, info=bad, model=model)
+    assert ctx.resume(model=model) == 1, "a refused checkpoint leaves the last one in place"
+
+
+def test_tensor_pairs_need_one_target_per_input():
+    pairs = ddpflow.TensorPairs(torch.arange(6).reshape(3, 2), torch.tensor([0, 1, 0]))
+    inputs, targets = pairs.batch(torch.tensor([2, 0]))
+    assert inputs.tolist() == [[4, 5], [0, 1]] and targets.tolist() == [0, 0]
+    with pytest.raises(ValueError, match="TensorPairs got 3 inputs but 2 targets"):
+        ddpflow.TensorPairs(torch.zeros(3, 2), torch.zeros(2))
+
+
+def test_fit_without_a_checkpoint_folder_trains_and_writes_nothing(tmp_path, monkeypatch):
+    """ddpflow.fit with a loss hook on a model that returns logits: the loss falls over the
+    epochs, and with no checkpoint_dir nothing is saved anywhere."""
+    monkeypatch.chdir(tmp_path)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=gen)
+    y = (x[:, 0] > 0).long()
+    torch.manual_seed(0)
+    net = nn.Linear(4, 2)
+    history = ddpflow.fit(
+        context(rank=0, world_size=1),
+        model=net,
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+        train=ddpflow.TensorPairs(x, y),
+        val=ddpflow.TensorPairs(x, y),
+        epochs=3,
+        batch_size=8,
+        hooks=ddpflow.FitHooks(loss=nn.functional.cross_entropy),
+        checkpoint_every_steps=2,
+    )
+    assert [s.epoch for s in history] == [1, 2, 3]
+    assert history[-1].val_loss < history[0].val_loss
+    assert list(tmp_path.iterdir()) == []

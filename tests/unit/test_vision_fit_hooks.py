@@ -16,8 +16,8 @@ from ddpflow.checkpoint import CheckpointStore
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
 from ddpflow.samples import TensorSamples
 from ddpflow.tracking import RunRef
+from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import FitHooks, FitPlan, fit
-from ddpflow.vision import training
 from ddpflow.vision.data import ImageSpec, format_image_folder
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob, train_rank
@@ -93,7 +93,7 @@ def _png(value: int) -> bytes:
 
 
 @pytest.mark.timeout(120)
-def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monkeypatch) -> None:
+def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path) -> None:
     for label, base in ((0, 20), (1, 230)):
         (tmp_path / "f" / str(label)).mkdir(parents=True)
         for i in range(6):
@@ -102,7 +102,6 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monk
         str(tmp_path / "f"), str(tmp_path / "art"), ImageSpec(16), 0.34, 0, 0.0
     )
     logger = Recorder()
-    monkeypatch.setattr(training, "logger_for_rank", lambda is_main, run, spool: logger)
     config = ImageModelConfig("resnet18", 2, 16, ("0", "1"))
     root = str(tmp_path / "ckpt")
     job = ImageTrainJob(
@@ -125,7 +124,7 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path, monk
     torch.set_num_threads(1)
     try:
         with process_group(RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", 60, "t")) as ctx:
-            result = train_rank(ctx, job)
+            result = train_rank(TrainContext(ctx, job.train_settings(), logger), job)
     finally:
         torch.set_num_threads(threads)
     assert [h.epoch for h in result.history] == [1, 2]
