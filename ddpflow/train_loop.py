@@ -16,10 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ddpflow.batching import epoch_batches, shard
+from ddpflow.batching import epoch_batches
 from ddpflow.checkpoint import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.fit_progress import FitProgress
@@ -37,10 +36,10 @@ from ddpflow.step_checkpoints import (
 from ddpflow.tracking import MetricLogger, flush_logger
 from ddpflow.tracking_spool import Unsent
 from ddpflow.training_progress import StepReporter, StepWindow
+from ddpflow.validation import Loss, all_reduce_sum, evaluate_loss, forward
 
 Evaluate = Callable[[nn.Module], Mapping[str, float]]
 StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
-Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 # save_checkpoint(epochs_done) at an epoch end, (epochs_done, position) inside an epoch.
 SaveCheckpoint = Callable[..., None]
 
@@ -278,46 +277,5 @@ def _train_epoch(
                 f"{stop}; the group checkpointed at epoch {epoch + 1} step {i + 1} and "
                 "resumes there"
             )
-    _all_reduce_sum(loss_sum, ctx)
+    all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
-
-
-def forward(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Loss | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(outputs, loss): from the model itself, or from `loss_fn` on its outputs."""
-    if loss_fn is None:
-        return model(x, y)
-    outputs = model(x)
-    return outputs, loss_fn(outputs, y)
-
-
-@torch.no_grad()
-def evaluate_loss(
-    model: nn.Module,
-    data: Samples,
-    ctx: RankContext,
-    batch_size: int,
-    loss_fn: Loss | None = None,
-) -> float:
-    """Mean loss per sample over `data`, each rank scoring its own shard."""
-    was_training = model.training
-    model.eval()
-    totals = torch.zeros(2, dtype=torch.float64)
-    index = shard(len(data), ctx.rank, ctx.world_size)
-    for chunk in index.split(batch_size):
-        x, y = data.batch(chunk)
-        _, loss = forward(model, x.to(ctx.device), y.to(ctx.device), loss_fn)
-        totals += torch.tensor([loss.item() * len(chunk), len(chunk)], dtype=torch.float64)
-        ctx.heartbeat()  # a long validation is progress too
-    model.train(was_training)
-    _all_reduce_sum(totals, ctx)
-    return float(totals[0] / totals[1]) if totals[1] else float("nan")
-
-
-def _all_reduce_sum(tensor: torch.Tensor, ctx: RankContext) -> None:
-    if ctx.world_size > 1:
-        # gloo reduces CPU tensors; nccl needs them on the GPU.
-        moved = tensor.to(ctx.device)
-        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
-        tensor.copy_(moved.cpu())

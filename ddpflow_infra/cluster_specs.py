@@ -21,7 +21,8 @@ from typing import Any
 
 import yaml
 
-from ddpflow.cluster import build_cluster, kubernetes_spec
+from ddpflow.cluster import build_cluster
+from ddpflow.cluster_kubernetes import kubernetes_spec
 
 # Options that start or wait for workers: rendering must not queue jobs.
 NOT_FOR_RENDERING = ("n_workers", "wait_for_workers_s")

@@ -6,6 +6,7 @@ sklearn's bundled 8x8 digits (no download); run `python -m examples.digits`.
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
 import distributed
 import torch
@@ -24,12 +25,28 @@ def digits() -> tuple[torch.Tensor, ...]:
     return x[train], y[train], x[test], y[test]
 
 
-def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.05) -> float:
-    x, y, x_test, y_test = digits()
+def build(ctx: ddpflow.TrainContext, lr: float) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    """The network, its optimizer and its LR schedule."""
     torch.manual_seed(ctx.seed)  # the same initial weights on every rank
     net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+    return net, optimizer, scheduler
+
+
+def held_out_accuracy(ctx: ddpflow.TrainContext, net: nn.Module, step: int) -> float:
+    """Accuracy on the held-out digits, logged as `test_accuracy` at `step`."""
+    _, _, x_test, y_test = digits()
+    net.eval()
+    with torch.no_grad():
+        accuracy = (net(x_test).argmax(1) == y_test).float().mean().item()
+    ctx.log_metrics({"test_accuracy": accuracy}, step=step)
+    return accuracy
+
+
+def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.05) -> float:
+    x, y, _, _ = digits()
+    net, optimizer, scheduler = build(ctx, lr)
     start = ctx.resume(model=net, optimizer=optimizer, scheduler=scheduler)
     model = ctx.wrap(net)
     for epoch in range(start, epochs):
@@ -46,11 +63,7 @@ def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.05) -> float:
         ctx.save_checkpoint(epoch + 1, model=net, optimizer=optimizer, scheduler=scheduler)
         if ctx.is_main:
             ctx.report(f"epoch {epoch + 1}/{epochs}: last batch loss {loss.item():.3f}")
-    net.eval()
-    with torch.no_grad():
-        accuracy = (net(x_test).argmax(1) == y_test).float().mean().item()
-    ctx.log_metrics({"test_accuracy": accuracy}, step=epochs)
-    return accuracy
+    return held_out_accuracy(ctx, net, step=epochs)
 
 
 def run_digits(client: distributed.Client, checkpoint_dir: str, epochs: int = 20, **options):

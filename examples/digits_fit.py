@@ -11,19 +11,15 @@ from __future__ import annotations
 import tempfile
 
 import distributed
-import torch
 from torch import nn
 
 import ddpflow
-from examples.digits import digits
+from examples.digits import build, digits, held_out_accuracy
 
 
 def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.05) -> float:
     x, y, x_test, y_test = digits()
-    torch.manual_seed(ctx.seed)  # the same initial weights on every rank
-    net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 10))
-    optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
+    net, optimizer, scheduler = build(ctx, lr)  # as examples/digits.py builds them
     ddpflow.fit(
         ctx,
         model=ctx.wrap(net),
@@ -39,11 +35,7 @@ def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.05) -> float:
         log_every_steps=5,
         checkpoint_every_steps=10,
     )
-    net.eval()
-    with torch.no_grad():
-        accuracy = (net(x_test).argmax(1) == y_test).float().mean().item()
-    ctx.log_metrics({"test_accuracy": accuracy}, step=epochs)
-    return accuracy
+    return held_out_accuracy(ctx, net, step=epochs)
 
 
 def main() -> None:

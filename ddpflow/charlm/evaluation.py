@@ -20,7 +20,7 @@ from ddpflow.distributed.context import RankContext
 from ddpflow.samples import TensorSamples
 from ddpflow.serving import register_checkpoint_model
 from ddpflow.tracking import RunRef
-from ddpflow.train_loop import evaluate_loss
+from ddpflow.validation import evaluate_loss
 
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
 

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpflow.cluster import WORKER_ENV, kubernetes_spec
+from ddpflow.cluster import WORKER_ENV
+from ddpflow.cluster_kubernetes import kubernetes_spec
 
 INFRA = Path(__file__).resolve().parents[2] / "ddpflow_infra"
 COMPOSE = INFRA / "docker" / "compose.yaml"

@@ -37,26 +37,27 @@ def test_every_installed_top_level_package_is_ddpflows_own(tmp_path: Path):
     """A wheel built from pyproject.toml puts only `ddpflow`-prefixed packages at the top of
     site-packages, so installing ddpflow never shadows (or is shadowed by) another project's
     `flows`, `tasks` or `infra`. Builds the real wheel (no dependencies, no network)."""
+    import shutil
     import zipfile
 
+    # A copy of the tracked tree, so the build's scratch folders never land in the checkout.
+    source = tmp_path / "source"
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    for name in tracked:
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    wheels = tmp_path / "wheels"
+    command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(tmp_path),
-            str(REPO),
-        ],
+        [*command, "-q", "-w", str(wheels), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
     )
-    (wheel,) = tmp_path.glob("ddpflow-*.whl")
+    (wheel,) = wheels.glob("ddpflow-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops >= {"ddpflow", "ddpflow_flows", "ddpflow_tasks", "ddpflow_infra"}, tops
