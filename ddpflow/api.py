@@ -57,6 +57,7 @@ def run(
     timeout_s: float = 120.0,
     on_progress: Callable[[str], None] | None = None,
     on_restart: Callable[[Restart], None] | None = None,
+    progress_topic: str | None = None,
 ) -> R:
     """Run `train(ctx, *args)` on `world_size` Dask workers (default: all); rank 0's result.
 
@@ -68,6 +69,9 @@ def run(
         run_id: log into an existing run and leave its status alone. Neither: no tracking.
     timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
     on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
+    progress_topic: a Dask event topic on which ddpflow.fit posts rank 0's step progress
+        (ddpflow.training_progress.StepProgress as a dict); follow it with
+        client.subscribe_topic. run_in_flow uses it for the task's progress artifact.
     Raises ValueError/TypeError for bad input before any work, and a LaunchError
     (RestartsExhausted, RepeatedFailure, WorkersNotBack) when the group cannot finish.
     """
@@ -80,7 +84,8 @@ def run(
         ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {})
     elif run_id is not None:
         ref = RunRef(tracking_uri, run_id)
-    settings = TrainSettings(checkpoint_dir, keep_last, seed, ref.run_id if ref else None)
+    run_id = ref.run_id if ref else None
+    settings = TrainSettings(checkpoint_dir, keep_last, seed, run_id, progress_topic)
 
     def restarted(restart: Restart) -> None:
         if ref is not None:

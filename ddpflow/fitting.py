@@ -20,7 +20,6 @@ from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSched
 from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import EpochStats, FitHooks, FitPlan
 from ddpflow.train_loop import fit as _fit_loop
-from ddpflow.training_progress import progress_topic
 
 Info = Mapping[str, Any] | Callable[[int, EpochPosition | None], Mapping[str, Any]]
 
@@ -76,7 +75,7 @@ def fit(
         start_epoch=start_epoch,
         log_every_steps=log_every_steps,
         eval_batch_size=eval_batch_size,
-        progress_topic=progress_topic(ctx.run_id) if ctx.run_id else None,
+        progress_topic=ctx.progress_topic,
         checkpoints=CheckpointSchedule(checkpoint_every_steps, checkpoint_every_s, log_every_steps),
         resume_at=position,
     )

@@ -39,6 +39,8 @@ class TrainSettings:
     keep_last: int = 3
     seed: int = 0
     run_id: str | None = None
+    # The Dask event topic ddpflow.fit posts rank 0's step progress on (None: not posted).
+    progress_topic: str | None = None
 
 
 class TrainContext:
@@ -81,6 +83,11 @@ class TrainContext:
     def run_id(self) -> str | None:
         """The MLflow run this training logs into, or None when it is not tracked."""
         return self._settings.run_id
+
+    @property
+    def progress_topic(self) -> str | None:
+        """Where ddpflow.fit posts rank 0's step progress (ddpflow.run's progress_topic)."""
+        return self._settings.progress_topic
 
     def report(self, message: str) -> None:
         """A progress line for whoever called ddpflow.run() (its `on_progress`, the Prefect

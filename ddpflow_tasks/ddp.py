@@ -1,12 +1,14 @@
 """ddpflow.run() as a Prefect task, for a user's own flow: `ddpflow.run_in_flow(train, ...)`.
 
 It does what the built-in flows' `train-ddp` tasks do around a training: takes the flow's
-Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. ddpflow_flows.runner's), sends
-each ctx.report() line to the task's Prefect log and logs each restart as a warning.
+Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. ddpflow_flows.runner's),
+sends each ctx.report() line to the task's Prefect log, logs each restart as a warning, and
+shows the steps of a training on ddpflow.fit as the task's progress artifact.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -17,8 +19,10 @@ from prefect.context import FlowRunContext
 from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
 from ddpflow_tasks.flow_client import current_dask_client
+from ddpflow_tasks.progress_artifact import topic_progress
 
 R = TypeVar("R")
+PROGRESS_KEY = "ddp-train-progress"
 
 
 # NO_CACHE: the inputs are a function and its arguments, which Prefect cannot hash
@@ -27,6 +31,7 @@ R = TypeVar("R")
 def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> R:
     """Rank 0's result of ddpflow.run(client, train, *args, **options) on the flow's cluster."""
     logger = get_run_logger()  # fetched here: the callbacks run on the Dask client's thread
+    client = current_dask_client()
     on_progress = options.pop("on_progress", None)
     on_restart = options.pop("on_restart", None)
 
@@ -45,14 +50,18 @@ def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> 
         if on_restart is not None:
             on_restart(restart)
 
-    return run(
-        current_dask_client(),
-        train,
-        *args,
-        on_progress=progress,
-        on_restart=restarted,
-        **options,
-    )
+    # A training on ddpflow.fit posts its steps here: the task's progress artifact.
+    topic = options.pop("progress_topic", None) or f"ddpflow-progress-{uuid.uuid4().hex}"
+    with topic_progress(client, topic, PROGRESS_KEY, "DDP training"):
+        return run(
+            client,
+            train,
+            *args,
+            on_progress=progress,
+            on_restart=restarted,
+            progress_topic=topic,
+            **options,
+        )
 
 
 def run_in_flow(train: Callable[..., R], *args: Any, **options: Any) -> R:

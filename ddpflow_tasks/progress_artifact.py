@@ -105,9 +105,17 @@ def training_progress(
     client: distributed.Client, run_id: str, key: str, title: str
 ) -> Iterator[ProgressArtifact]:
     """Show the training of MLflow run `run_id` as the progress artifact `key` meanwhile."""
+    with topic_progress(client, progress_topic(run_id), key, title) as artifact:
+        yield artifact
+
+
+@contextmanager
+def topic_progress(
+    client: distributed.Client, topic: str, key: str, title: str
+) -> Iterator[ProgressArtifact]:
+    """The progress artifact `key`, following the StepProgress events posted on `topic`."""
     artifact = ProgressArtifact(key, title)
     artifact.start()
-    topic = progress_topic(run_id)
     client.subscribe_topic(topic, artifact.on_event)
     succeeded = False
     try:

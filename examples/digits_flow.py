@@ -1,9 +1,10 @@
-"""The digits classifier (examples/digits.py) as a step of a Prefect flow.
+"""The digits classifier (examples/digits_fit.py, on ddpflow.fit) as a step of a Prefect flow.
 
 The flow runs on ddpflow's DaskTaskRunner (a LocalCluster of DDPFLOW_DASK_WORKERS workers
 by default; DDPFLOW_CLUSTER picks another), and ddpflow.run_in_flow() trains on its workers:
-progress lines and restarts go to the flow run's log. With MLFLOW_TRACKING_URI set, the
-training is tracked in the experiment "digits". Run `python -m examples.digits_flow`.
+progress lines and restarts go to the flow run's log, the steps to the task's progress
+artifact `ddp-train-progress`. With MLFLOW_TRACKING_URI set, the training is tracked in the
+experiment "digits". Run `python -m examples.digits_flow`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from prefect.runtime import flow_run
 
 import ddpflow
 from ddpflow_flows.runner import dask_task_runner
-from examples.digits import train
+from examples.digits_fit import train
 
 
 @flow(name="digits", task_runner=dask_task_runner(), log_prints=True)

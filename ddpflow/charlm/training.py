@@ -22,6 +22,7 @@ from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef
 from ddpflow.train_context import TrainContext, TrainSettings
 from ddpflow.train_loop import FitHooks, TrainResult
+from ddpflow.training_progress import progress_topic
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,9 @@ class CharLMTrainJob:
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
-        return TrainSettings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
+        run_id = self.run.run_id
+        topic = progress_topic(run_id)  # the flow's progress artifact follows it
+        return TrainSettings(self.checkpoint_root, self.keep_last, self.seed, run_id, topic)
 
 
 def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:

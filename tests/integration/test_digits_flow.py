@@ -9,13 +9,14 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import project_tracking, run_in_project
+from tests.integration.conftest import prefect_records, project_tracking, run_in_project
 
 pytestmark = pytest.mark.integration
 
 
 # docs/api.md "In a Prefect flow": ddpflow.run_in_flow() trains on the flow's own Dask
-# cluster, its ctx.report() lines are in the flow run's log, and its result is rank 0's.
+# cluster, its ctx.report() lines are in the flow run's log, ddpflow.fit's steps are the
+# task's progress artifact, and its result is rank 0's.
 def test_the_digits_flow_trains_on_the_flows_cluster(tmp_path):
     result = run_in_project([sys.executable, "-m", "examples.digits_flow"], tmp_path)
     output = result.stdout + result.stderr
@@ -30,3 +31,9 @@ def test_the_digits_flow_trains_on_the_flows_cluster(tmp_path):
     assert run.info.status == "FINISHED"
     assert run.data.metrics["test_accuracy"] == pytest.approx(accuracy, abs=5e-4)
     assert run.data.params == {"epochs": "20", "lr": "0.05"}
+    # ddpflow.fit's steps reach the task's progress artifact, which ends at 100 %.
+    (progress,) = [
+        a for a in prefect_records(tmp_path)["artifacts"] if a["key"] == "ddp-train-progress"
+    ]
+    assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
+    assert "DDP training: done, epoch 20/20" in progress["description"], progress
