@@ -57,6 +57,7 @@ def fit(
     Returns the stats of the epochs this call trained (none when the checkpoint was final).
     """
     hooks = hooks or FitHooks()
+    check_fit(ctx, model, epochs, batch_size, log_every_steps, state)
     objects: dict[str, Stateful] = {"model": model, "optimizer": optimizer, **(state or {})}
     if hooks.speed is not None:
         objects["scaler"] = hooks.speed
@@ -91,3 +92,35 @@ def fit(
         hooks=hooks,
     )
 
+
+OWN_NAMES = ("model", "optimizer", "scaler")
+
+
+def check_fit(
+    ctx: TrainContext,
+    model: nn.Module,
+    epochs: object,
+    batch_size: object,
+    log_every_steps: object,
+    state: Mapping[str, Stateful] | None,
+) -> None:
+    """Bad input fails before any checkpoint is read, naming the input and the fix."""
+    for name, value in (
+        ("epochs", epochs),
+        ("batch_size", batch_size),
+        ("log_every_steps", log_every_steps),
+    ):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"fit({name}={value!r}): {name} must be an int >= 1")
+    if ctx.world_size > 1 and not isinstance(model, nn.parallel.DistributedDataParallel):
+        # Without DDP every rank would train its own copy: the gradients are never averaged.
+        raise ValueError(
+            f"fit(model=...) got a {type(model).__name__} on {ctx.world_size} ranks: wrap it "
+            "in DistributedDataParallel first, model=ctx.wrap(net)"
+        )
+    clashes = sorted(set(state or {}) & set(OWN_NAMES))
+    if clashes:
+        raise ValueError(
+            f"fit(state=...) names {clashes}, which fit checkpoints itself: rename them "
+            f"(not {list(OWN_NAMES)})"
+        )

@@ -232,3 +232,30 @@ def test_fit_without_a_checkpoint_folder_trains_and_writes_nothing(tmp_path, mon
     assert [s.epoch for s in history] == [1, 2, 3]
     assert history[-1].val_loss < history[0].val_loss
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"epochs": 0}, r"fit\(epochs=0\): epochs must be an int >= 1"),
+        ({"batch_size": 2.5}, r"fit\(batch_size=2.5\): batch_size must be an int >= 1"),
+        ({"world_size": 2}, r"got a Linear on 2 ranks: wrap it .*model=ctx.wrap\(net\)"),
+        ({"state": {"optimizer": nn.Linear(1, 1)}}, r"names \['optimizer'\], which fit"),
+    ],
+)
+def test_fit_refuses_bad_input_before_reading_any_checkpoint(tmp_path, kwargs, message):
+    ctx = context(world_size=kwargs.pop("world_size", 1), checkpoint_dir=str(tmp_path / "c"))
+    net = nn.Linear(4, 2)
+    pairs = ddpflow.TensorPairs(torch.zeros(8, 4), torch.zeros(8, dtype=torch.long))
+    options = {"epochs": 1, "batch_size": 4, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        ddpflow.fit(
+            ctx,
+            model=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.1),
+            train=pairs,
+            val=pairs,
+            hooks=ddpflow.FitHooks(loss=nn.functional.cross_entropy),
+            **options,
+        )
+    assert not (tmp_path / "c").exists()
