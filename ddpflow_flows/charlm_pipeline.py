@@ -9,31 +9,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect.runtime import flow_run
-
 from ddpflow import storage
 from ddpflow.charlm.data import FormattedCorpus, SourceCopy
 from ddpflow.charlm.model import CharLSTMConfig
 from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import LaunchSettings, Settings
-from ddpflow.inspection import DatasetRef, log_datasets
+from ddpflow.inspection import DatasetRef
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, failed_on_error, start_run
+from ddpflow.tracking import RunRef, end_run, failed_on_error
 from ddpflow.tracking_spool import Unsent
-from ddpflow_flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
+from ddpflow_flows.inspection import publish_mlflow_links, tag_flow_run
 from ddpflow_flows.params import CharLMParams
 from ddpflow_flows.preflight import run_preflight
 from ddpflow_flows.summary import mlflow_ui_hint
+from ddpflow_flows.workload_run import start_workload_run
 from ddpflow_tasks.charlm import (
     INCOMPLETE_KEY,
+    TRAINING,
     download_corpus,
     evaluate,
     format_training_data,
-    train_ddp,
 )
 from ddpflow_tasks.inspection import describe_datasets
 from ddpflow_tasks.registration import register
+from ddpflow_tasks.restarts import train_ddp
 from ddpflow_tasks.tracking_report import tracking_line
 
 WORKLOAD = "charlm"
@@ -119,34 +119,25 @@ def start_charlm_run(
     tags: dict[str, str] | None = None,
     parent: RunRef | None = None,
 ) -> RunRef:
-    """The training's MLflow run: parameters, the readable name, the description with the
-    flow run's link, and the input datasets. With `parent`, a child run named after its world
-    size (a scaling run's sizes), recorded exactly like a lone training."""
-    run_name, identity_tags = run_identity(
-        run_origin(), f"charlm-{flow_run.get_id()}", "A pet-name model (charlm)", datasets
-    )
-    run = start_run(
-        settings.tracking_uri,
+    """The pet-name training's MLflow run (see start_workload_run): its parameters name the
+    corpus. With `parent`, a scaling run's child for `world_size`, recorded like a lone one."""
+    return start_workload_run(
+        settings,
         params.experiment,
-        run_name=run_name if parent is None else f"{run_name} world size {world_size}",
-        params={
+        WORKLOAD,
+        "A pet-name model (charlm)",
+        datasets,
+        {
             **params.model_dump(),
             "source": redact_url(params.source),
             "world_size": world_size,
             "data_sha256": data_sha256,
             "num_train_samples": corpus.num_train_samples,
         },
-        tags={
-            "prefect.flow_run_id": str(flow_run.get_id()),
-            "ddpflow.workload": WORKLOAD,
-            **identity_tags,
-            **(tags or {}),
-        },
-        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
-        parent_run_id=parent.run_id if parent else None,
+        tags,
+        parent,
+        world_size,
     )
-    log_datasets(run, datasets)
-    return run
 
 
 def corpus_datasets(corpus: FormattedCorpus, source: str) -> list[DatasetRef]:
@@ -202,6 +193,7 @@ def _train_evaluate_register(
     checkpoint_dir = storage.join(run_dir, "checkpoints")
     job = charlm_job(params, corpus, run, checkpoint_dir)
     trained = train_ddp(
+        TRAINING,
         job,
         world_size,
         params.rank_timeout_s,

@@ -15,27 +15,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from prefect.runtime import flow_run
-
+from ddpflow import storage
 from ddpflow.config import Settings
-from ddpflow.inspection import DatasetRef, log_datasets
+from ddpflow.inspection import DatasetRef
 from ddpflow.scaling import ScalingConfigError, SizeResult, Target, parse_world_sizes
 from ddpflow.scaling.plots import scaling_plots
 from ddpflow.scaling.report import csv_text, markdown_table, steady_samples_per_s, table_rows
 from ddpflow.scaling.sizes import plan_world_sizes
 from ddpflow.sweep.execute import fail_run
-from ddpflow.tracking import (
-    MlflowLogger,
-    RunRef,
-    default_artifact_location,
-    end_run,
-    log_files,
-    start_run,
-)
+from ddpflow.tracking import MlflowLogger, RunRef, end_run, failed_on_error, log_files
 from ddpflow.train_loop import EpochStats
-from ddpflow_flows.inspection import run_identity, run_origin
+from ddpflow_flows.inspection import tag_flow_run
 from ddpflow_flows.params import ParameterError
-from ddpflow_flows.preflight import rank_workers
+from ddpflow_flows.preflight import rank_workers, run_preflight
+from ddpflow_flows.summary import mlflow_ui_hint
+from ddpflow_flows.workload_run import start_workload_run
+from ddpflow_tasks.restarts import DDPWorkload, train_ddp
 from ddpflow_tasks.tables import publish_table
 
 REPORT_DIR = "scaling"  # the parent run's artifact folder
@@ -57,29 +52,61 @@ def plan_sizes(world_sizes: str | None) -> list[int]:
         raise ParameterError(str(error)) from None
 
 
+def begin(settings: Settings, workload: str, world_sizes: str | None) -> list[int]:
+    """Tag the flow run and plan the sizes; bad sizes and an unusable cluster, store or
+    tracking server fail here, before any data is read."""
+    tag_flow_run(workload)
+    sizes = plan_sizes(world_sizes)
+    run_preflight(settings, max(sizes))
+    return sizes
+
+
 def start_parent(
     settings: Settings,
     experiment: str,
     workload: str,
     what: str,
+    sizes: Sequence[int],
     datasets: Sequence[DatasetRef],
     params: dict[str, Any],
 ) -> RunRef:
-    """The scaling run's parent MLflow run, named and described like a training's."""
-    flow_run_id = str(flow_run.get_id())
-    run_name, identity_tags = run_identity(
-        run_origin(), f"{workload}-{flow_run_id}", what, datasets
-    )
-    parent = start_run(
-        settings.tracking_uri,
+    """The scaling run's parent MLflow run, named and described like a training's: `what`
+    at the `sizes`, with the training's `params` and the sizes as `world_sizes`."""
+    listed = ", ".join(map(str, sizes))
+    return start_workload_run(
+        settings,
         experiment,
-        run_name=run_name,
-        params=params,
-        tags={"prefect.flow_run_id": flow_run_id, "ddpflow.workload": workload, **identity_tags},
-        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+        workload,
+        f"{what} at world sizes {listed}",
+        datasets,
+        {**params, "world_sizes": ",".join(map(str, sizes))},
     )
-    log_datasets(parent, datasets)
-    return parent
+
+
+def size_trainer(
+    settings: Settings,
+    training: DDPWorkload,
+    job_for: Callable[[RunRef, str], Any],
+    rank_timeout_s: float,
+    max_restarts: int,
+) -> Train:
+    """Train one size's child run: the workload's job (`job_for(run, checkpoint folder)`)
+    with its checkpoints under the run's own folder, as a lone training keeps them."""
+
+    def train(size: int, run: RunRef) -> Sequence[EpochStats]:
+        checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
+        # A restart relaunches at the same size (min_workers defaults to the world size).
+        trained = train_ddp(
+            training,
+            job_for(run, checkpoints),
+            size,
+            rank_timeout_s,
+            max_restarts,
+            launch=settings.launch,
+        )
+        return trained.history
+
+    return train
 
 
 def run_sizes(sizes: Sequence[int], start_child: StartChild, train: Train) -> list[SizeResult]:
@@ -168,6 +195,24 @@ def report(
         f"{target.label()} per world size (MLflow {parent.run_id})",
     )
     return ScalingSummary(workload, parent.run_id, rows, markdown, table_key)
+
+
+def measure(
+    settings: Settings,
+    parent: RunRef,
+    sizes: Sequence[int],
+    start_child: StartChild,
+    train: Train,
+    target: Target,
+    workload: str,
+    table_key: str,
+) -> ScalingSummary:
+    """Train at every size, report on the parent and finish it; the parent is FAILED if
+    anything but a size's own training raises."""
+    with failed_on_error(parent):
+        results = run_sizes(sizes, start_child, train)
+        summary = report(parent, results, target, workload, table_key)
+    return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
 
 
 def finish(parent: RunRef, summary: ScalingSummary, ui_hint: str) -> ScalingSummary:

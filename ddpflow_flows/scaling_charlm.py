@@ -9,14 +9,11 @@ Run it: `python -m ddpflow_flows.scaling_charlm --epochs 3 --world-sizes 1,2 --t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from ddpflow import storage
+from ddpflow.charlm.training import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target
-from ddpflow.tracking import RunRef, failed_on_error
-from ddpflow.train_loop import EpochStats
+from ddpflow.tracking import RunRef
 from ddpflow_flows.charlm_pipeline import (
     charlm_job,
     corpus_datasets,
@@ -25,23 +22,19 @@ from ddpflow_flows.charlm_pipeline import (
 )
 from ddpflow_flows.cli import run_cli
 from ddpflow_flows.defaults import SCALING_CHARLM
-from ddpflow_flows.inspection import tag_flow_run
 from ddpflow_flows.param_flow import FlowParameters, flow
 from ddpflow_flows.params import CharLMParams, ScalingParams
-from ddpflow_flows.preflight import run_preflight
 from ddpflow_flows.runner import dask_task_runner
 from ddpflow_flows.scaling import (
     NOT_REGISTERED,
     ScalingSummary,
+    begin,
     child_tags,
-    finish,
-    plan_sizes,
-    report,
-    run_sizes,
+    measure,
+    size_trainer,
     start_parent,
 )
-from ddpflow_flows.summary import mlflow_ui_hint
-from ddpflow_tasks.charlm import train_ddp
+from ddpflow_tasks.charlm import TRAINING
 
 WORKLOAD = "charlm-scaling"
 TABLE_KEY = "charlm-scaling"
@@ -60,21 +53,19 @@ def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummar
     """Train the pet-name LSTM at each world size in turn and compare the throughput."""
     scaling, params = checked
     settings = Settings.from_env()
-    tag_flow_run(WORKLOAD)
-    sizes = plan_sizes(scaling.world_sizes)  # bad sizes fail before any download
-    run_preflight(settings, max(sizes))
+    sizes = begin(settings, WORKLOAD, scaling.world_sizes)
     raw, corpus = prepare_corpus(params, settings)
     datasets = corpus_datasets(corpus, params.source)
     parent = start_parent(
         settings,
         params.experiment,
         WORKLOAD,
-        f"Pet-name training (charlm) at world sizes {', '.join(map(str, sizes))}",
+        "Pet-name training (charlm)",
+        sizes,
         datasets,
         {
             **params.model_dump(exclude={"world_size", "min_workers", "num_names", "model_name"}),
             "source": redact_url(params.source),
-            "world_sizes": ",".join(map(str, sizes)),
             "target_loss": scaling.target_loss,
             "data_sha256": raw.sha256,
         },
@@ -85,20 +76,12 @@ def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummar
             params, settings, raw.sha256, corpus, datasets, size, child_tags(size), parent
         )
 
-    def train(size: int, run: RunRef) -> Sequence[EpochStats]:
-        checkpoints = storage.join(settings.artifact_root, "runs", run.run_id, "checkpoints")
-        job = charlm_job(params, corpus, run, checkpoints)
-        # A restart relaunches at the same size (min_workers defaults to the world size).
-        return train_ddp(
-            job, size, params.rank_timeout_s, params.max_restarts, launch=settings.launch
-        ).history
+    def job_for(run: RunRef, checkpoints: str) -> CharLMTrainJob:
+        return charlm_job(params, corpus, run, checkpoints)
 
-    with failed_on_error(parent):
-        results = run_sizes(sizes, start_child, train)
-        summary = report(
-            parent, results, Target("val_loss", scaling.target_loss), "charlm", TABLE_KEY
-        )
-    return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
+    train = size_trainer(settings, TRAINING, job_for, params.rank_timeout_s, params.max_restarts)
+    target = Target("val_loss", scaling.target_loss)
+    return measure(settings, parent, sizes, start_child, train, target, "charlm", TABLE_KEY)
 
 
 if __name__ == "__main__":

@@ -8,36 +8,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prefect.runtime import flow_run
-
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
-from ddpflow.inspection import DatasetRef, log_datasets
+from ddpflow.inspection import DatasetRef
 from ddpflow.redact import redact_url
 from ddpflow.speed import SpeedSettings
-from ddpflow.tracking import RunRef, default_artifact_location, end_run, failed_on_error, start_run
+from ddpflow.tracking import RunRef, end_run, failed_on_error
 from ddpflow.tracking_spool import Unsent
 from ddpflow.vision.data import FormattedImages, ImageSpec
 from ddpflow.vision.model import ImageModelConfig
 from ddpflow.vision.training import ImageTrainJob
 from ddpflow_flows.cli import run_cli
 from ddpflow_flows.defaults import TRAIN_IMAGES
-from ddpflow_flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
+from ddpflow_flows.inspection import publish_mlflow_links, tag_flow_run
 from ddpflow_flows.param_flow import FlowParameters, flow
 from ddpflow_flows.params import ImageParams
 from ddpflow_flows.preflight import run_preflight
 from ddpflow_flows.runner import dask_task_runner
 from ddpflow_flows.summary import mlflow_ui_hint
+from ddpflow_flows.workload_run import start_workload_run
 from ddpflow_tasks.images import (
     INCOMPLETE_KEY,
+    TRAINING,
     evaluate,
     format_images,
     prepare_digits,
     prepare_weights,
-    train_ddp,
 )
 from ddpflow_tasks.inspection import describe_datasets
 from ddpflow_tasks.registration import register
+from ddpflow_tasks.restarts import train_ddp
 from ddpflow_tasks.tracking_report import tracking_line
 
 WORKLOAD = "images"
@@ -144,21 +144,16 @@ def start_images_run(
     parent: RunRef | None = None,
     tags: dict[str, str] | None = None,
 ) -> RunRef:
-    """The training's MLflow run: parameters, the readable name, the description with the
-    flow run's link, and the input datasets. With `parent`, a child run named after its world
-    size (a scaling run's sizes), recorded exactly like a lone training."""
+    """The image training's MLflow run (see start_workload_run): its parameters name the
+    folder, weights and splits. With `parent`, a scaling run's child for `world`."""
     datasets = image_datasets(data, source)
-    run_name, identity_tags = run_identity(
-        run_origin(),
-        f"images-{flow_run.get_id()}",
+    return start_workload_run(
+        settings,
+        params.experiment,
+        WORKLOAD,
         f"An image classifier ({params.arch}, {len(data.classes)} classes)",
         datasets,
-    )
-    run = start_run(
-        settings.tracking_uri,
-        params.experiment,
-        run_name=run_name if parent is None else f"{run_name} world size {world}",
-        params={
+        {
             **params.model_dump(),
             "source": redact_url(source),
             "weights": redact_url(params.weights),
@@ -170,17 +165,10 @@ def start_images_run(
             "num_skipped_files": len(data.bad),
             "data_fingerprint": data.fingerprint,
         },
-        tags={
-            "prefect.flow_run_id": str(flow_run.get_id()),
-            "ddpflow.workload": WORKLOAD,
-            **identity_tags,
-            **(tags or {}),
-        },
-        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
-        parent_run_id=parent.run_id if parent else None,
+        tags,
+        parent,
+        world,
     )
-    log_datasets(run, datasets)
-    return run
 
 
 def image_datasets(data: FormattedImages, source: str) -> list[DatasetRef]:
@@ -253,7 +241,7 @@ def _train_evaluate_register(
     report_dir = storage.join(run_dir, "reports")
     job = image_job(params, data, weights_uri, run, checkpoint_dir)
     trained = train_ddp(
-        job, world_size, params.rank_timeout_s, params.max_restarts, launch=launch
+        TRAINING, job, world_size, params.rank_timeout_s, params.max_restarts, launch=launch
     )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()

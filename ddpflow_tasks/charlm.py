@@ -13,14 +13,14 @@ from ddpflow.charlm.evaluation import (
     log_evaluation,
     save_report,
 )
-from ddpflow.charlm.training import CharLMTrainJob, train_rank
-from ddpflow.config import LaunchSettings
+from ddpflow.charlm.training import train_rank
 from ddpflow.tracking import RunRef
-from ddpflow.train_loop import TrainResult
-from ddpflow_tasks.restarts import train_with_restarts
+from ddpflow_tasks.restarts import DDPWorkload
 
 # The Prefect artifact listing logging calls the MLflow run lacks (ddpflow_tasks.tracking_report).
 INCOMPLETE_KEY = "charlm-tracking-incomplete"
+# The pet-name training, for ddpflow_tasks.restarts.train_ddp (the `train-ddp` task).
+TRAINING = DDPWorkload(train_rank, "charlm-restarts", "charlm-progress", INCOMPLETE_KEY)
 
 
 @task(name="download-corpus")
@@ -35,35 +35,6 @@ def format_training_data(
 ) -> FormattedCorpus:
     """Clean, split and format the names into compact index tensors."""
     return format_corpus(raw_uri, artifact_root, holdout_fraction)
-
-
-@task(name="train-ddp")
-def train_ddp(
-    job: CharLMTrainJob,
-    world_size: int | None,
-    rank_timeout_s: float,
-    max_restarts: int = 2,
-    min_workers: int | None = None,
-    *,
-    launch: LaunchSettings,
-) -> TrainResult:
-    """Run one DDP group, healed and resumed from its checkpoint after a failure.
-
-    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
-    """
-    return train_with_restarts(
-        train_rank,
-        job,
-        job.run,
-        "charlm-restarts",
-        world_size,
-        rank_timeout_s,
-        max_restarts,
-        min_workers,
-        progress_key="charlm-progress",
-        incomplete_key=INCOMPLETE_KEY,
-        launch=launch,
-    )
 
 
 @task(name="evaluate")

@@ -5,10 +5,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.config import LaunchSettings
 from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef
-from ddpflow.train_loop import TrainResult
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
 from ddpflow.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.vision.evaluation import (
@@ -22,11 +20,13 @@ from ddpflow.vision.evaluation import (
 from ddpflow.vision.image_folder import describe_keys
 from ddpflow.vision.model import resolve_weights
 from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB
-from ddpflow.vision.training import ImageTrainJob, train_rank
-from ddpflow_tasks.restarts import train_with_restarts
+from ddpflow.vision.training import train_rank
+from ddpflow_tasks.restarts import DDPWorkload
 
 # The Prefect artifact listing logging calls the MLflow run lacks (ddpflow_tasks.tracking_report).
 INCOMPLETE_KEY = "images-tracking-incomplete"
+# The image training, for ddpflow_tasks.restarts.train_ddp (the `train-ddp` task).
+TRAINING = DDPWorkload(train_rank, "images-restarts", "images-progress", INCOMPLETE_KEY)
 
 
 @task(name="prepare-digits")
@@ -70,33 +70,6 @@ def format_images(
 def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
     """Fetch or check the pretrained weights once, before any rank starts."""
     return resolve_weights(arch, weights, artifact_root)
-
-
-@task(name="train-ddp")
-def train_ddp(
-    job: ImageTrainJob,
-    world_size: int | None,
-    rank_timeout_s: float,
-    max_restarts: int = 2,
-    *,
-    launch: LaunchSettings,
-) -> TrainResult:
-    """Run one DDP group, healed and resumed from its checkpoint after a failure.
-
-    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
-    """
-    return train_with_restarts(
-        train_rank,
-        job,
-        job.run,
-        "images-restarts",
-        world_size,
-        rank_timeout_s,
-        max_restarts,
-        progress_key="images-progress",
-        incomplete_key=INCOMPLETE_KEY,
-        launch=launch,
-    )
 
 
 @task(name="evaluate-images")

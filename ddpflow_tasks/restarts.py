@@ -1,12 +1,12 @@
-"""One DDP training with healing restarts, shared by the workloads' `train-ddp` tasks."""
+"""One DDP training with healing restarts: the `train-ddp` task every workload runs."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from prefect import get_run_logger
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
 from ddpflow.api import rank_entry
@@ -18,6 +18,46 @@ from ddpflow.train_loop import TrainResult
 from ddpflow_tasks.flow_client import current_dask_client
 from ddpflow_tasks.progress_artifact import training_progress
 from ddpflow_tasks.tracking_report import publish_unsent
+
+
+@dataclass(frozen=True)
+class DDPWorkload:
+    """What sets one workload's training apart: its rank function and its Prefect artifacts."""
+
+    rank_fn: Callable[[TrainContext, Any], TrainResult]
+    restarts_key: str  # the restarts table
+    progress_key: str  # the progress over all attempts
+    incomplete_key: str  # the logging calls the MLflow run lacks
+
+
+@task(name="train-ddp")
+def train_ddp(
+    workload: DDPWorkload,
+    job: Any,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int = 2,
+    min_workers: int | None = None,
+    *,
+    launch: LaunchSettings,
+) -> TrainResult:
+    """Run one DDP group of `workload`, healed and resumed from its checkpoint after a failure.
+
+    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
+    """
+    return train_with_restarts(
+        workload.rank_fn,
+        job,
+        job.run,
+        workload.restarts_key,
+        world_size,
+        rank_timeout_s,
+        max_restarts,
+        min_workers,
+        progress_key=workload.progress_key,
+        incomplete_key=workload.incomplete_key,
+        launch=launch,
+    )
 
 
 def train_with_restarts(
@@ -36,8 +76,8 @@ def train_with_restarts(
 ) -> Any:
     """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
 
-`rank_fn` is a training function of the public API (ctx: a TrainContext), launched as
-ddpflow.run() launches one; `job.train_settings()` gives its checkpoint folder and seed.
+    `rank_fn` is a training function of the public API (ctx: a TrainContext), launched as
+    ddpflow.run() launches one; `job.train_settings()` gives its checkpoint folder and seed.
 
     Runs in the flow process (the caller is a task called directly, not submitted), so no
     task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
