@@ -41,56 +41,25 @@ def train_ddp(
     *,
     launch: LaunchSettings,
 ) -> TrainResult:
-    """Run one DDP group of `workload`, healed and resumed from its checkpoint after a failure.
-
-    Call it directly from the flow (not .submit) so the launcher runs in the flow process.
-    """
-    return train_with_restarts(
-        workload.rank_fn,
-        job,
-        job.run,
-        workload.restarts_key,
-        world_size,
-        rank_timeout_s,
-        max_restarts,
-        min_workers,
-        progress_key=workload.progress_key,
-        incomplete_key=workload.incomplete_key,
-        launch=launch,
-    )
-
-
-def train_with_restarts(
-    rank_fn: Callable[[TrainContext, Any], TrainResult],
-    job: Any,
-    run: RunRef,
-    artifact_key: str,
-    world_size: int | None,
-    rank_timeout_s: float,
-    max_restarts: int,
-    min_workers: int | None = None,
-    progress_key: str = "training-progress",
-    incomplete_key: str = "tracking-incomplete",
-    *,
-    launch: LaunchSettings,
-) -> Any:
-    """Rank 0's result of `rank_fn(ctx, job)`, healed and resumed after failures.
+    """Rank 0's result of `workload.rank_fn(ctx, job)`, healed and resumed after failures.
 
     `rank_fn` is a training function of the public API (ctx: a TrainContext), launched as
     ddpflow.run() launches one; `job.train_settings()` gives its checkpoint folder and seed.
 
-    Runs in the flow process (the caller is a task called directly, not submitted), so no
-    task holds a worker thread while the ranks wait. Each restart is counted on the MLflow
-    run, and all of them are listed in a Prefect artifact. The progress over all attempts is
-    the Prefect progress artifact `progress_key`. Logging calls rank 0 could not get into
-    MLflow (its `unsent`) are listed in the Prefect artifact `incomplete_key`.
+    Call it directly from the flow (not .submit): the launcher then runs in the flow
+    process, and no task holds a worker thread while the ranks wait. Each restart is
+    counted on the MLflow run, and all of them are listed in the Prefect artifact
+    `restarts_key`. The progress over all attempts is the progress artifact `progress_key`.
+    Logging calls rank 0 could not get into MLflow (its `unsent`) are listed in the Prefect
+    artifact `incomplete_key`.
     """
+    run: RunRef = job.run
     client = current_dask_client()
-    with training_progress(client, run.run_id, progress_key, "DDP training"):
+    with training_progress(client, run.run_id, workload.progress_key, "DDP training"):
         results, restarts = launch_with_restarts(
             client,
             rank_entry,
-            rank_fn,
+            workload.rank_fn,
             (job,),
             job.train_settings(),
             run,
@@ -106,12 +75,12 @@ def train_with_restarts(
     if restarts:
         create_markdown_artifact(
             markdown=restarts_markdown(run, restarts),
-            key=artifact_key,
+            key=workload.restarts_key,
             description="DDP group restarts",
         )
     result, unsent = results[0]
     if unsent:
-        publish_unsent(run, unsent, incomplete_key)
+        publish_unsent(run, unsent, workload.incomplete_key)
     return replace(result, unsent=unsent)
 
 
