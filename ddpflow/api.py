@@ -123,12 +123,12 @@ def rank_entry(
     """On each rank's worker: `train(ctx, *args)` with its TrainContext (a user's function,
     or a built-in workload's `train_rank`). Then the logger's calls are sent (bounded, the
     heartbeat kept going); what MLflow still lacks comes back with the result, so the run
-    can say it is incomplete. Rank 0's calls wait on disk during an MLflow outage: beside
-    the checkpoints when they are in a local folder (ddpflow.tracking.spool_folder)."""
+    can say it is incomplete. Rank 0's calls wait on disk during an MLflow outage, where
+    `settings.spool_beside` says (the workloads: beside their run's checkpoints)."""
     logger = None
     if ref is not None:
-        folder = settings.checkpoint_dir
-        spool = spool_folder(folder, ref.run_id) if folder else None
+        beside = settings.spool_beside
+        spool = spool_folder(beside, ref.run_id) if beside else None
         logger = logger_for_rank(rank_ctx.is_main, ref, spool)
     unsent: list[Unsent] = []
     try:

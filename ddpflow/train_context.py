@@ -26,6 +26,7 @@ from ddpflow.checkpoint import (
 from ddpflow.distributed.context import RankContext
 from ddpflow.step_checkpoints import EpochPosition, epoch_seed
 from ddpflow.tracking import MetricLogger, NullLogger, flush_logger
+from ddpflow.training_progress import progress_topic
 
 __all__ = ["Stateful", "TrainContext", "TrainSettings"]
 T = TypeVar("T")
@@ -41,6 +42,9 @@ class TrainSettings:
     run_id: str | None = None
     # The Dask event topic ddpflow.fit posts rank 0's step progress on (None: not posted).
     progress_topic: str | None = None
+    # Where rank 0's logging calls wait during an MLflow outage: beside this checkpoint
+    # folder (ddpflow.tracking.spool_folder); None: a temporary folder.
+    spool_beside: str | None = None
 
 
 class TrainContext:
@@ -231,6 +235,21 @@ class TrainContext:
                 "to ddpflow.run()"
             )
         return self._store
+
+
+def workload_settings(
+    checkpoint_root: str, keep_last: int, seed: int, run_id: str
+) -> TrainSettings:
+    """A built-in workload's settings: its MLflow run's progress topic (the flow's progress
+    artifact follows it), and the waiting logging calls beside the run's checkpoints."""
+    return TrainSettings(
+        checkpoint_dir=checkpoint_root,
+        keep_last=keep_last,
+        seed=seed,
+        run_id=run_id,
+        progress_topic=progress_topic(run_id),
+        spool_beside=checkpoint_root,
+    )
 
 
 def check_seed(seed: int) -> None:

@@ -20,9 +20,8 @@ from ddpflow.speed import PLAIN, SpeedSettings, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, EpochPosition
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext, TrainSettings
+from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
 from ddpflow.train_loop import FitHooks, TrainResult
-from ddpflow.training_progress import progress_topic
 
 
 @dataclass(frozen=True)
@@ -47,9 +46,7 @@ class CharLMTrainJob:
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
-        run_id = self.run.run_id
-        topic = progress_topic(run_id)  # the flow's progress artifact follows it
-        return TrainSettings(self.checkpoint_root, self.keep_last, self.seed, run_id, topic)
+        return workload_settings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
 
 
 def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:

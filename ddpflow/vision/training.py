@@ -20,9 +20,8 @@ from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
 from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext, TrainSettings
+from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
 from ddpflow.train_loop import FitHooks, TrainResult
-from ddpflow.training_progress import progress_topic
 from ddpflow.vision.data import ImageSplit, load_split
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
 from ddpflow.vision.model import (
@@ -61,9 +60,7 @@ class ImageTrainJob:
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
-        run_id = self.run.run_id
-        topic = progress_topic(run_id)  # the flow's progress artifact follows it
-        return TrainSettings(self.checkpoint_root, self.keep_last, self.seed, run_id, topic)
+        return workload_settings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
 
 
 def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
