@@ -68,14 +68,19 @@ def pack_state(
     """A checkpoint of `objects` (each saved as "<name>_state", unwrapped from DDP) after
     `epoch` epochs (or steps), with plain `info` values beside them."""
     info = dict(info or {})
-    clashes = sorted(k for k in info if k in _RESERVED or k.endswith(STATE_SUFFIX))
+    check_info(info)
+    states = {name + STATE_SUFFIX: unwrap(obj).state_dict() for name, obj in objects.items()}
+    return {"format_version": FORMAT_VERSION, "epoch": epoch, **info, **states}
+
+
+def check_info(info: Mapping[str, Any] | None) -> None:
+    """Checkpoint info keys must not shadow the format's own keys."""
+    clashes = sorted(k for k in info or {} if k in _RESERVED or k.endswith(STATE_SUFFIX))
     if clashes:
         raise ValueError(
             f"checkpoint info keys {clashes} are reserved: rename them (not "
             f"{sorted(_RESERVED)}, not ending in {STATE_SUFFIX!r})"
         )
-    states = {name + STATE_SUFFIX: unwrap(obj).state_dict() for name, obj in objects.items()}
-    return {"format_version": FORMAT_VERSION, "epoch": epoch, **info, **states}
 
 
 def saved_names(state: Mapping[str, Any]) -> list[str]:

@@ -19,6 +19,7 @@ from ddpflow.batching import MAX_SEED, epoch_batches
 from ddpflow.checkpoint import (
     CheckpointStore,
     Stateful,
+    check_info,
     pack_state,
     resume_from,
     write_checkpoint,
@@ -192,6 +193,7 @@ class TrainContext:
             raise ValueError(f"save_checkpoint(step={step}): step must be >= 1")
         if not objects:
             raise ValueError("save_checkpoint() got nothing to save: pass e.g. model=model")
+        check_info(info)  # on every rank, before any waits for rank 0's write
         with self._rank_ctx.rank0_io("checkpoint"):
             if self.is_main:
                 self.write_checkpoint(step, objects, position=position, info=info)

@@ -199,6 +199,10 @@ def test_checkpoint_info_is_kept_beside_the_objects_and_reserved_names_are_refus
         with pytest.raises(ValueError, match=rf"checkpoint info keys \['{next(iter(bad))}'\]"):
             ctx.save_checkpoint(2, info=bad, model=model)
     assert ctx.resume(model=model) == 1, "a refused checkpoint leaves the last one in place"
+    # Every rank refuses them at once, before waiting for rank 0's write.
+    other = context(rank=1, world_size=2, checkpoint_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=r"checkpoint info keys \['epoch'\]"):
+        other.save_checkpoint(2, info={"epoch": 5}, model=model)
 
 
 def test_tensor_pairs_need_one_target_per_input():
