@@ -14,14 +14,13 @@ from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.charlm.vocab import CONTEXT_LEN
-from ddpflow.fitting import fit
 from ddpflow.samples import TensorSamples
 from ddpflow.speed import PLAIN, SpeedSettings, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, EpochPosition
-from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef
 from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
 from ddpflow.train_loop import FitHooks, TrainResult
+from ddpflow.workload_fit import fit_job
 
 
 @dataclass(frozen=True)
@@ -84,23 +83,13 @@ def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
         }
         return {"model_config": job.model.to_dict(), "extra": extra}
 
-    with rank_system_metrics(job.run, ctx.rank):
-        history = fit(
-            ctx,
-            model=ddp_model,
-            optimizer=optimizer,
-            train=TensorSamples(load_windows(job.train_uri), split_xy),
-            val=TensorSamples(load_windows(job.val_uri), split_xy),
-            epochs=job.epochs,
-            batch_size=job.batch_size,
-            info=info,
-            hooks=FitHooks(speed=speed),
-            log_every_steps=job.log_every_steps,
-            checkpoint_every_steps=job.checkpoint_every_steps,
-            checkpoint_every_s=job.checkpoint_every_s,
-        )
-    return TrainResult(
-        rank=ctx.rank,
-        history=history,
-        latest_checkpoint=ctx.latest_checkpoint if ctx.is_main else None,
+    return fit_job(
+        ctx,
+        job,
+        model=ddp_model,
+        optimizer=optimizer,
+        train=TensorSamples(load_windows(job.train_uri), split_xy),
+        val=TensorSamples(load_windows(job.val_uri), split_xy),
+        info=info,
+        hooks=FitHooks(speed=speed),
     )

@@ -15,10 +15,8 @@ from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.fitting import fit
 from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
 from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
-from ddpflow.system_metrics import rank_system_metrics
 from ddpflow.tracking import RunRef
 from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
 from ddpflow.train_loop import FitHooks, TrainResult
@@ -30,6 +28,7 @@ from ddpflow.vision.model import (
     build_resnet,
     trainable_parameters,
 )
+from ddpflow.workload_fit import fit_job
 
 Optimizer = Literal["adam", "sgd"]
 
@@ -124,26 +123,16 @@ def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
         on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
         speed=built.speed,
     )
-    with rank_system_metrics(job.run, ctx.rank):
-        history = fit(
-            ctx,
-            model=built.ddp_model,
-            optimizer=optimizer,
-            train=train,
-            val=val,
-            epochs=job.epochs,
-            batch_size=job.batch_size,
-            state={"scheduler": scheduler},
-            info={"model_config": job.model.to_dict(), "extra": extra},
-            hooks=hooks,
-            log_every_steps=job.log_every_steps,
-            checkpoint_every_steps=job.checkpoint_every_steps,
-            checkpoint_every_s=job.checkpoint_every_s,
-        )
-    return TrainResult(
-        rank=ctx.rank,
-        history=history,
-        latest_checkpoint=ctx.latest_checkpoint if ctx.is_main else None,
+    return fit_job(
+        ctx,
+        job,
+        model=built.ddp_model,
+        optimizer=optimizer,
+        train=train,
+        val=val,
+        state={"scheduler": scheduler},
+        info={"model_config": job.model.to_dict(), "extra": extra},
+        hooks=hooks,
     )
 
 
