@@ -257,9 +257,10 @@ def test_a_slow_rank_that_keeps_stepping_is_left_alone(dask_client):
 
 def _config_error_at_start(ctx: RankContext, marker_dir: str) -> None:
     """Every attempt fails the same way before its first step, as a model config that
-    cannot be built does."""
-    if ctx.rank == 0:
-        (Path(marker_dir) / f"attempt-{time.time_ns()}").touch()
+    cannot be built does. Each rank that gets here marks its attempt (one file per launch):
+    under load one rank's process group set-up can fail first when its peer already raised,
+    so counting only rank 0's marks would miss an attempt."""
+    (Path(marker_dir) / f"attempt-{ctx.launch_id}").touch()
     raise ValueError("hidden_size=0: cannot build the model")
 
 
