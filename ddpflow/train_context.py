@@ -196,6 +196,9 @@ class TrainContext:
         check_info(info)  # on every rank, before any waits for rank 0's write
         with self._rank_ctx.rank0_io("checkpoint"):
             if self.is_main:
+                # Logging calls made before the checkpoint reach MLflow first, so a resume
+                # never logs them twice.
+                flush_logger(self._logger)
                 self.write_checkpoint(step, objects, position=position, info=info)
         self.heartbeat()
 
@@ -208,10 +211,8 @@ class TrainContext:
         info: Mapping[str, Any] | None = None,
     ) -> str:
         """Rank 0's part of save_checkpoint(), for loops that already hold the other ranks
-        (ddpflow.fit calls it inside its own rank0_io wait). Logging calls made before the
-        checkpoint reach MLflow first, so a resume never logs them twice."""
+        and flush the logger first (ddpflow.fit does both inside its own rank0_io wait)."""
         store = self._require_store("save_checkpoint")
-        flush_logger(self._logger)
         state = pack_state(step, objects, info)
         return write_checkpoint(store, self._logger, step, state, position)
 
