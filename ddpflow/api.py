@@ -35,7 +35,7 @@ from ddpflow.tracking import (
     start_run,
 )
 from ddpflow.tracking_spool import Unsent
-from ddpflow.train_context import TrainContext, TrainSettings, check_seed
+from ddpflow.train_settings import TrainSettings, check_seed
 
 R = TypeVar("R")
 
@@ -131,6 +131,9 @@ def rank_entry(
         spool = spool_folder(beside, ref.run_id) if beside else None
         logger = logger_for_rank(rank_ctx.is_main, ref, spool)
     unsent: list[Unsent] = []
+    # Imported on the rank: the launching process (a flow's) runs without torch.
+    from ddpflow.train_context import TrainContext
+
     try:
         result = train(TrainContext(rank_ctx, settings, logger), *args)
     finally:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 # torch.Generator.manual_seed takes at most 2**64 - 1, and each epoch's order is seeded with
 # seed * SEED_STRIDE + epoch: MAX_SEED is the largest seed that fits for every epoch up to
@@ -35,6 +38,8 @@ def epoch_batches(
     the same world size and start = steps done * batch_size * world_size, the batches are
     exactly the epoch's remaining ones. Nothing left to share among the ranks gives [].
     """
+    import torch  # lazy: the flow process imports this module and runs without torch
+
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     if num_samples < world_size:
@@ -59,4 +64,6 @@ def epoch_batches(
 
 def shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:
     """A fixed, disjoint slice of indices per rank (for evaluation, where order is irrelevant)."""
+    import torch
+
     return torch.arange(rank, num_samples, world_size)

@@ -27,13 +27,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.distributed as dist
-
 from ddpflow import graceful_stop
 from ddpflow.tracking import MetricLogger, flush_logger
 
 if TYPE_CHECKING:
+    import torch
+
     from ddpflow.distributed.context import RankContext
 
 # Lost work after a failure is bounded by this by default: minutes, not an epoch of hours.
@@ -71,6 +70,10 @@ class EpochPosition:
     def loss_sum_for(self, rank: int, world_size: int) -> torch.Tensor:
         """This rank's partial sums to continue from. A different world size (a resume with
         fewer workers) gives rank 0 the total and the others nothing: the mean is kept."""
+        # torch is imported where it is used: the flow process imports this module for its
+        # settings and runs without torch.
+        import torch
+
         if world_size == self.world_size:
             return torch.tensor(self.loss_sums[rank], dtype=torch.float64)
         if rank == 0:
@@ -130,6 +133,8 @@ class CheckpointClock:
         due = every_steps > 0 and steps_done % every_steps == 0
         if steps_done % self.schedule.control_every:
             return due, None
+        import torch
+
         asked = graceful_stop.stop_reason()
         late = every_s > 0 and time.monotonic() - self.last >= every_s
         time_due, stop = (bool(v) for v in self._agree(torch.tensor([late, asked is not None])))
@@ -138,6 +143,9 @@ class CheckpointClock:
         return True, asked or "another worker of the group was asked to stop"
 
     def _agree(self, flags: torch.Tensor) -> torch.Tensor:
+        import torch
+        import torch.distributed as dist
+
         flags = flags.to(torch.float32)
         if self.world_size > 1:
             moved = flags.to(self.device)
@@ -148,6 +156,9 @@ class CheckpointClock:
 
 def gather_loss_sums(loss_sum: torch.Tensor, world_size: int, device: torch.device) -> list:
     """Every rank's partial (loss * samples, samples), in rank order, on every rank."""
+    import torch
+    import torch.distributed as dist
+
     if world_size == 1:
         return [loss_sum.tolist()]
     parts = [torch.zeros(2, dtype=torch.float64, device=device) for _ in range(world_size)]
@@ -171,4 +182,3 @@ class StepCheckpointer:
                 self.save(position.epoch, position)
         self.clock.written()
         ctx.heartbeat()
-

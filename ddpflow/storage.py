@@ -14,7 +14,6 @@ import uuid
 from typing import Any
 
 import fsspec
-import torch
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
@@ -113,6 +112,8 @@ def list_names(uri: str) -> list[str]:
 
 def save_torch(uri: str, obj: Any) -> int:
     """torch.save to a URI atomically; returns the number of bytes written."""
+    import torch  # here, not at the top: the flow process imports storage and needs no torch
+
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     data = buffer.getvalue()
@@ -122,6 +123,8 @@ def save_torch(uri: str, obj: Any) -> int:
 
 def load_torch(uri: str) -> Any:
     """torch.load with weights_only=True: plain tensors and containers, never pickled code."""
+    import torch
+
     return torch.load(io.BytesIO(read_bytes(uri)), map_location="cpu", weights_only=True)
 
 

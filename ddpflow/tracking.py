@@ -14,11 +14,10 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 import numpy as np
-import torch
 from mlflow.entities import Param
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
@@ -36,10 +35,12 @@ from ddpflow.metric_loggers import close_logger as close_logger
 from ddpflow.metric_loggers import flush_logger as flush_logger
 from ddpflow.metric_loggers import logger_for_rank as logger_for_rank
 from ddpflow.metric_loggers import spool_folder as spool_folder
-from ddpflow.mlflow_pytorch import mlflow_pytorch
 from ddpflow.redact import redact_text, redact_url
 from ddpflow.sqlite_store import prepare_sqlite_store
 from ddpflow.tracking_spool import Unsent
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 # Opens the experiment in the MLflow UI's "Model training" view (metric charts) instead of
@@ -119,6 +120,10 @@ def register_pt2_model(
     requirements skip MLflow's slow dependency inference. `quiet_warnings` are
     `warnings.filterwarnings` arguments for export notes known to be harmless.
     """
+    import torch  # lazy: the flow process imports this module and runs without torch
+
+    from ddpflow.mlflow_pytorch import mlflow_pytorch
+
     with torch.no_grad():
         signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
     mlflow.set_tracking_uri(run.tracking_uri)

@@ -9,13 +9,12 @@ ddpflow.run() hands each rank. The built-in workloads run on it too, through ddp
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
 import torch
 from torch import nn
 
-from ddpflow.batching import MAX_SEED, epoch_batches
+from ddpflow.batching import epoch_batches
 from ddpflow.checkpoint import (
     CheckpointStore,
     Stateful,
@@ -27,25 +26,12 @@ from ddpflow.checkpoint import (
 from ddpflow.distributed.context import RankContext
 from ddpflow.step_checkpoints import EpochPosition, epoch_seed
 from ddpflow.tracking import MetricLogger, NullLogger, flush_logger
-from ddpflow.training_progress import progress_topic
+from ddpflow.train_settings import TrainSettings as TrainSettings
+from ddpflow.train_settings import check_seed as check_seed
+from ddpflow.train_settings import workload_settings as workload_settings
 
 __all__ = ["Stateful", "TrainContext", "TrainSettings"]
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """What ddpflow.run() hands every rank besides the user's arguments; small and picklable."""
-
-    checkpoint_dir: str | None = None
-    keep_last: int = 3
-    seed: int = 0
-    run_id: str | None = None
-    # The Dask event topic ddpflow.fit posts rank 0's step progress on (None: not posted).
-    progress_topic: str | None = None
-    # Where rank 0's logging calls wait during an MLflow outage: beside this checkpoint
-    # folder (ddpflow.tracking.spool_folder); None: a temporary folder.
-    spool_beside: str | None = None
 
 
 class TrainContext:
@@ -238,23 +224,3 @@ class TrainContext:
                 "to ddpflow.run()"
             )
         return self._store
-
-
-def workload_settings(
-    checkpoint_root: str, keep_last: int, seed: int, run_id: str
-) -> TrainSettings:
-    """A built-in workload's settings: its MLflow run's progress topic (the flow's progress
-    artifact follows it), and the waiting logging calls beside the run's checkpoints."""
-    return TrainSettings(
-        checkpoint_dir=checkpoint_root,
-        keep_last=keep_last,
-        seed=seed,
-        run_id=run_id,
-        progress_topic=progress_topic(run_id),
-        spool_beside=checkpoint_root,
-    )
-
-
-def check_seed(seed: int) -> None:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed={seed!r} must be an int from 0 to {MAX_SEED}")

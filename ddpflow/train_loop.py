@@ -34,7 +34,8 @@ from ddpflow.step_checkpoints import (
     step_seed,
 )
 from ddpflow.tracking import MetricLogger, flush_logger
-from ddpflow.tracking_spool import Unsent
+from ddpflow.train_result import EpochStats as EpochStats
+from ddpflow.train_result import TrainResult as TrainResult
 from ddpflow.training_progress import StepReporter, StepWindow
 from ddpflow.validation import Loss, all_reduce_sum, evaluate_loss, forward
 
@@ -56,27 +57,6 @@ class FitPlan:
     progress_topic: str | None = None
     checkpoints: CheckpointSchedule = field(default_factory=CheckpointSchedule)
     resume_at: EpochPosition | None = None  # from a checkpoint inside epoch start_epoch
-
-
-@dataclass(frozen=True)
-class EpochStats:
-    epoch: int
-    train_loss: float
-    val_loss: float
-    samples_per_s: float
-    epoch_time_s: float
-    val_metrics: dict[str, float] = field(default_factory=dict)  # besides val_loss (hooks)
-
-
-@dataclass(frozen=True)
-class TrainResult:
-    """What one rank of a workload's training returns (both built-in workloads)."""
-
-    rank: int
-    history: list[EpochStats]
-    latest_checkpoint: str | None  # rank 0's; None on the other ranks
-    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking_spool).
-    unsent: tuple[Unsent, ...] = ()
 
 
 @dataclass(frozen=True)

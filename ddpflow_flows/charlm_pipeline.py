@@ -10,13 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpflow import storage
+from ddpflow.charlm.config import CharLSTMConfig
 from ddpflow.charlm.data import FormattedCorpus, SourceCopy
-from ddpflow.charlm.model import CharLSTMConfig
-from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.charlm.job import CharLMTrainJob
 from ddpflow.config import LaunchSettings, Settings
 from ddpflow.inspection import DatasetRef
 from ddpflow.redact import redact_url
-from ddpflow.speed import SpeedSettings
+from ddpflow.speed_settings import SpeedSettings
 from ddpflow.tracking import RunRef, end_run, failed_on_error
 from ddpflow.tracking_spool import Unsent
 from ddpflow_flows.inspection import publish_mlflow_links, tag_flow_run

@@ -12,7 +12,7 @@ promotion lock in the registry (`ddpflow.promotion_lock`).
 
 from __future__ import annotations
 
-from ddpflow.charlm.champion import Decision
+from ddpflow.charlm.decision import Decision
 from ddpflow.config import Settings
 from ddpflow_flows.charlm_pipeline import run_charlm_pipeline
 from ddpflow_flows.cli import run_cli

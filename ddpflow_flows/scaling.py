@@ -24,7 +24,7 @@ from ddpflow.scaling.report import csv_text, markdown_table, steady_samples_per_
 from ddpflow.scaling.sizes import plan_world_sizes
 from ddpflow.sweep.execute import fail_run
 from ddpflow.tracking import MlflowLogger, RunRef, end_run, failed_on_error, log_files
-from ddpflow.train_loop import EpochStats
+from ddpflow.train_result import EpochStats
 from ddpflow_flows.inspection import tag_flow_run
 from ddpflow_flows.params import ParameterError
 from ddpflow_flows.preflight import rank_workers, run_preflight

@@ -9,7 +9,7 @@ Run it: `python -m ddpflow_flows.scaling_charlm --epochs 3 --world-sizes 1,2 --t
 
 from __future__ import annotations
 
-from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.charlm.job import CharLMTrainJob
 from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target

@@ -13,7 +13,7 @@ from ddpflow.config import Settings
 from ddpflow.redact import redact_url
 from ddpflow.scaling import Target
 from ddpflow.tracking import RunRef
-from ddpflow.vision.training import ImageTrainJob
+from ddpflow.vision.job import ImageTrainJob
 from ddpflow_flows.cli import run_cli
 from ddpflow_flows.defaults import SCALING_IMAGES
 from ddpflow_flows.param_flow import FlowParameters, flow

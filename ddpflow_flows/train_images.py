@@ -12,12 +12,12 @@ from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
 from ddpflow.inspection import DatasetRef
 from ddpflow.redact import redact_url
-from ddpflow.speed import SpeedSettings
+from ddpflow.speed_settings import SpeedSettings
 from ddpflow.tracking import RunRef, end_run, failed_on_error
 from ddpflow.tracking_spool import Unsent
+from ddpflow.vision.config import ImageModelConfig
 from ddpflow.vision.data import FormattedImages, ImageSpec
-from ddpflow.vision.model import ImageModelConfig
-from ddpflow.vision.training import ImageTrainJob
+from ddpflow.vision.job import ImageTrainJob
 from ddpflow_flows.cli import run_cli
 from ddpflow_flows.defaults import TRAIN_IMAGES
 from ddpflow_flows.inspection import publish_mlflow_links, tag_flow_run

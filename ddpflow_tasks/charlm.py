@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from ddpflow.charlm.data import FormattedCorpus, SourceCopy, fetch_corpus, format_corpus
-from ddpflow.charlm.evaluation import (
-    EvalResult,
-    evaluate_checkpoint,
-    evaluation_markdown,
-    log_evaluation,
-    save_report,
-)
-from ddpflow.charlm.training import train_rank
 from ddpflow.tracking import RunRef
-from ddpflow_tasks.restarts import DDPWorkload
+from ddpflow_tasks.restarts import DDPWorkload, RankFunction
+
+if TYPE_CHECKING:
+    from ddpflow.charlm.evaluation import EvalResult
 
 # The Prefect artifact listing logging calls the MLflow run lacks (ddpflow_tasks.tracking_report).
 INCOMPLETE_KEY = "charlm-tracking-incomplete"
 # The pet-name training, for ddpflow_tasks.restarts.train_ddp (the `train-ddp` task).
-TRAINING = DDPWorkload(train_rank, "charlm-restarts", "charlm-progress", INCOMPLETE_KEY)
+TRAINING = DDPWorkload(
+    RankFunction("ddpflow.charlm.training:train_rank"),
+    "charlm-restarts",
+    "charlm-progress",
+    INCOMPLETE_KEY,
+)
 
 
 @task(name="download-corpus")
@@ -47,6 +49,15 @@ def evaluate(
     report_dir: str,
 ) -> EvalResult:
     """Holdout loss and generated names: to MLflow, the artifact store and a Prefect artifact."""
+    # Imported when the task runs: evaluation needs torch, and the flow process that imports
+    # this module starts without it.
+    from ddpflow.charlm.evaluation import (
+        evaluate_checkpoint,
+        evaluation_markdown,
+        log_evaluation,
+        save_report,
+    )
+
     result = evaluate_checkpoint(
         checkpoint_uri, corpus.val_uri, corpus.train_names_uri, num_names, seed
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
@@ -9,24 +11,22 @@ from ddpflow.redact import redact_url
 from ddpflow.tracking import RunRef
 from ddpflow.vision.data import FormattedImages, ImageSpec, format_image_folder
 from ddpflow.vision.digits import DigitsFolder, ensure_digits
-from ddpflow.vision.evaluation import (
-    ImageEvalResult,
-    evaluate_checkpoint,
-    evaluation_markdown,
-    log_evaluation,
-    report_files,
-    save_reports,
-)
 from ddpflow.vision.image_folder import describe_keys
-from ddpflow.vision.model import resolve_weights
 from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB
-from ddpflow.vision.training import train_rank
-from ddpflow_tasks.restarts import DDPWorkload
+from ddpflow_tasks.restarts import DDPWorkload, RankFunction
+
+if TYPE_CHECKING:
+    from ddpflow.vision.evaluation import ImageEvalResult
 
 # The Prefect artifact listing logging calls the MLflow run lacks (ddpflow_tasks.tracking_report).
 INCOMPLETE_KEY = "images-tracking-incomplete"
 # The image training, for ddpflow_tasks.restarts.train_ddp (the `train-ddp` task).
-TRAINING = DDPWorkload(train_rank, "images-restarts", "images-progress", INCOMPLETE_KEY)
+TRAINING = DDPWorkload(
+    RankFunction("ddpflow.vision.training:train_rank"),
+    "images-restarts",
+    "images-progress",
+    INCOMPLETE_KEY,
+)
 
 
 @task(name="prepare-digits")
@@ -69,6 +69,10 @@ def format_images(
 @task(name="resolve-weights")
 def prepare_weights(arch: str, weights: str, artifact_root: str) -> str | None:
     """Fetch or check the pretrained weights once, before any rank starts."""
+    # Imported when the task runs, as below: the model and evaluation modules need torch,
+    # and the flow process that imports this module starts without it.
+    from ddpflow.vision.model import resolve_weights
+
     return resolve_weights(arch, weights, artifact_root)
 
 
@@ -77,6 +81,14 @@ def evaluate(
     run: RunRef, checkpoint_uri: str, data: FormattedImages, report_dir: str
 ) -> ImageEvalResult:
     """Confusion matrix and per-class accuracy: to MLflow, the artifact store and Prefect."""
+    from ddpflow.vision.evaluation import (
+        evaluate_checkpoint,
+        evaluation_markdown,
+        log_evaluation,
+        report_files,
+        save_reports,
+    )
+
     result = evaluate_checkpoint(checkpoint_uri, data.val_uri)
     markdown = evaluation_markdown(run, result, num_bad=len(data.bad))
     files = report_files(result, markdown)

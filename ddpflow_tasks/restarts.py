@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -13,18 +13,36 @@ from ddpflow.api import rank_entry
 from ddpflow.config import LaunchSettings
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.tracking import RunRef, log_restart
-from ddpflow.train_context import TrainContext
-from ddpflow.train_loop import TrainResult
+from ddpflow.train_result import TrainResult
 from ddpflow_tasks.flow_client import current_dask_client
 from ddpflow_tasks.progress_artifact import training_progress
 from ddpflow_tasks.tracking_report import publish_unsent
+
+if TYPE_CHECKING:
+    from ddpflow.train_context import TrainContext
+
+
+@dataclass(frozen=True)
+class RankFunction:
+    """A workload's rank function named "module:function" and imported on the rank.
+
+    The launcher runs in the flow process, which never imports torch (seconds of every run's
+    start); the rank functions' modules import it. Named, the function crosses to the
+    workers as two strings and is imported there, where torch is loaded already.
+    """
+
+    path: str
+
+    def __call__(self, ctx: TrainContext, job: Any) -> TrainResult:
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)(ctx, job)
 
 
 @dataclass(frozen=True)
 class DDPWorkload:
     """What sets one workload's training apart: its rank function and its Prefect artifacts."""
 
-    rank_fn: Callable[[TrainContext, Any], TrainResult]
+    rank_fn: RankFunction
     restarts_key: str  # the restarts table
     progress_key: str  # the progress over all attempts
     incomplete_key: str  # the logging calls the MLflow run lacks

@@ -5,7 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
-from ddpflow.charlm.champion import Decision, promote
+from ddpflow.charlm.decision import Decision
 from ddpflow.tracking import RunRef
 
 
@@ -18,6 +18,8 @@ def score_and_promote(
     The one promotion path of every flow (retrain, sweep): `promote` serialises promotions
     of a model through its registry lock, whoever started them.
     """
+    from ddpflow.charlm.champion import promote  # needs torch: imported where it runs
+
     decision = promote(
         run.tracking_uri, model_name, run.run_id, challenger_version, val_uri, margin
     )

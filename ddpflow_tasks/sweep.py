@@ -8,10 +8,10 @@ from dataclasses import replace
 from prefect import get_run_logger, task
 
 from ddpflow.api import rank_entry
-from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.charlm.job import CharLMTrainJob
 from ddpflow.distributed import launch
 from ddpflow.sweep import trial_rank
-from ddpflow.train_loop import TrainResult
+from ddpflow.train_result import TrainResult
 from ddpflow_tasks.flow_client import current_dask_client
 from ddpflow_tasks.progress_artifact import training_progress
 

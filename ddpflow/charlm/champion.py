@@ -14,53 +14,20 @@ the second against whatever the first left as champion.
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass
-
 import torch
 import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
 from ddpflow.charlm.data import load_windows
+from ddpflow.charlm.decision import TAG_PREFIX as TAG_PREFIX
+from ddpflow.charlm.decision import Decision, decide
 from ddpflow.charlm.evaluation import load_model
 from ddpflow.charlm.formatting import split_xy
 from ddpflow.inspection import record_decision_on_versions
 from ddpflow.promotion_lock import promotion_lock
 from ddpflow.registry import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
 
-TAG_PREFIX = "ddpflow.retrain."
 __all__ = ["CHAMPION_ALIAS", "Decision", "decide", "promote", "score_version"]
-
-
-@dataclass(frozen=True)
-class Decision:
-    promoted: bool
-    reason: str
-    challenger_version: str
-    challenger_loss: float
-    champion_version: str | None
-    champion_loss: float | None
-    margin: float
-
-    def as_tags(self) -> dict[str, str]:
-        return {f"{TAG_PREFIX}{k}": str(v) for k, v in asdict(self).items()}
-
-
-def decide(challenger_loss: float, champion_loss: float | None, margin: float) -> tuple[bool, str]:
-    """Promote when there is no champion, or the challenger's loss is lower by > margin."""
-    if not math.isfinite(challenger_loss):
-        return False, f"challenger loss {challenger_loss} is not a finite number"
-    if champion_loss is None:
-        return True, "no champion yet"
-    if challenger_loss < champion_loss - margin:
-        return True, (
-            f"challenger {challenger_loss:.4f} beats champion {champion_loss:.4f} "
-            f"by more than {margin:g}"
-        )
-    return False, (
-        f"challenger {challenger_loss:.4f} does not beat champion "
-        f"{champion_loss:.4f} by more than {margin:g}"
-    )
 
 
 def champion_version(tracking_uri: str, model_name: str) -> str | None:

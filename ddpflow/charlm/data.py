@@ -9,9 +9,8 @@ import json
 import os
 import stat
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from fsspec.implementations.http import HTTPFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
@@ -23,9 +22,11 @@ from ddpflow.charlm.corpus import (
     source_too_large,
     split_holdout,
 )
-from ddpflow.charlm.formatting import format_names
 from ddpflow.redact import clean_cause, redact_text, redact_url
 from ddpflow.retry import retry_call
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -150,6 +151,10 @@ def fetch_corpus(source: str, artifact_root: str) -> SourceCopy:
 
 def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> FormattedCorpus:
     """Clean, split by name into train/holdout and format both as uint8 windows."""
+    # Imported here: formatting needs torch, and the flow process imports this module for
+    # its result types and runs without torch.
+    from ddpflow.charlm.formatting import format_names
+
     data = storage.read_bytes(raw_uri)
     digest = storage.sha256_hex(data)
     key = f"{digest[:16]}-v{FORMAT_VERSION}-h{holdout_fraction:g}"

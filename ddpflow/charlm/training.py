@@ -6,46 +6,19 @@ launched the way ddpflow.run() launches a user's (ddpflow.api.rank_entry).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from ddpflow.charlm.data import load_windows
 from ddpflow.charlm.formatting import split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+from ddpflow.charlm.job import CharLMTrainJob as CharLMTrainJob
+from ddpflow.charlm.model import CharLSTM
 from ddpflow.charlm.vocab import CONTEXT_LEN
 from ddpflow.samples import TensorSamples
-from ddpflow.speed import PLAIN, SpeedSettings, announce
-from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S, EpochPosition
-from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
+from ddpflow.speed import announce
+from ddpflow.step_checkpoints import EpochPosition
+from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import FitHooks, TrainResult
 from ddpflow.workload_fit import fit_job
-
-
-@dataclass(frozen=True)
-class CharLMTrainJob:
-    """Everything a rank needs, as URIs and numbers (it crosses the network to each worker)."""
-
-    train_uri: str
-    val_uri: str
-    model: CharLSTMConfig
-    epochs: int
-    batch_size: int
-    lr: float
-    seed: int
-    checkpoint_root: str
-    keep_last: int
-    run: RunRef
-    log_every_steps: int = 20
-    speed: SpeedSettings = PLAIN
-    # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
-    checkpoint_every_steps: int = 0
-    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
-
-    def train_settings(self) -> TrainSettings:
-        """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
-        return workload_settings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
 
 
 def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
-from torch.distributed import ProcessGroupGloo
+if TYPE_CHECKING:  # torch is imported where used: the flow process imports this package
+    from torch.distributed import ProcessGroupGloo
 
 BOUND_GLOO = "ddpflow_gloo"
 _registered = threading.Lock()
@@ -27,6 +28,8 @@ _registered = threading.Lock()
 
 def bound_gloo_options(host: str, timeout: timedelta) -> ProcessGroupGloo._Options:
     """Gloo options whose one device binds `host` (an IP or a name that resolves to one)."""
+    from torch.distributed import ProcessGroupGloo
+
     options = ProcessGroupGloo._Options()
     options._devices = [ProcessGroupGloo.create_device(hostname=host)]
     options._timeout = timeout
@@ -35,6 +38,8 @@ def bound_gloo_options(host: str, timeout: timedelta) -> ProcessGroupGloo._Optio
 
 def register_bound_gloo() -> str:
     """Register the bound-gloo backend in this process once; returns its name."""
+    import torch.distributed as dist
+
     with _registered:
         if BOUND_GLOO.upper() not in dist.Backend._plugins:
             dist.Backend.register_backend(
@@ -47,6 +52,8 @@ def register_bound_gloo() -> str:
 
 
 def _create_bound_gloo(opts, options: ProcessGroupGloo._Options | None) -> ProcessGroupGloo:  # noqa: ANN001
+    from torch.distributed import ProcessGroupGloo
+
     if options is None:
         raise ValueError(f"the {BOUND_GLOO} backend needs pg_options=bound_gloo_options(...)")
     options._timeout = opts.timeout  # init_process_group's timeout is the one that counts

@@ -11,14 +11,15 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
 from ddpflow.config import store_outage_s
 from ddpflow.distributed import watchdog
 from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
 from ddpflow.distributed.main_io import MainIO, rank0_io
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,11 @@ def progress_topic(launch_id: str) -> str:
 @contextmanager
 def process_group(spec: RankSpec) -> Iterator[RankContext]:
     """Join the group described by `spec`; a single rank is just a group of one."""
+    # torch is imported where it is used, here and below: the flow process imports this
+    # package (the launcher) and runs without torch.
+    import torch
+    import torch.distributed as dist
+
     if dist.is_initialized():
         # A previous task on this worker died without cleaning up; its group is useless.
         dist.destroy_process_group()
@@ -136,6 +142,8 @@ def _reset_group_names() -> None:
     another name than its peers' and they would wait for each other's keys in the store
     until the timeout. torch has no public call for this, hence the guarded private one.
     """
+    import torch.distributed as dist
+
     world = getattr(dist.distributed_c10d, "_world", None)
     if world is not None and hasattr(world, "group_count"):
         world.group_count = 0
@@ -151,4 +159,6 @@ def find_free_port() -> int:
 
 
 def cuda_available() -> bool:
+    import torch
+
     return torch.cuda.is_available()

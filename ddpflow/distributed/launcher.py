@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import distributed
-import torch
 
 from ddpflow.distributed.context import (
     RankSpec,
@@ -178,6 +177,8 @@ def _spec(
 
 def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tuple) -> R:
     """Runs on the pinned worker: signal start, size torch's thread pool, join the group."""
+    import torch  # here: the launching (flow) process imports this module without torch
+
     worker_client = distributed.get_client()  # the worker's own client
     rank_started(spec.launch_id, spec.rank)
     distributed.Event(started_event(spec.launch_id, spec.rank), client=worker_client).set()

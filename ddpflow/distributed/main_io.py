@@ -22,8 +22,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:  # torch is imported where used: the flow process imports this package
+    import torch.distributed as dist
 
 OK = b"ok"
 FAILED = b"failed"
@@ -68,6 +70,8 @@ def rank0_io(
     if world_size < 2:
         yield
         return
+    import torch.distributed as dist
+
     if io is None:
         yield
         dist.barrier()

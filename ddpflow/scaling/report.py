@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpflow.sweep.trial import elapsed_by_epoch
-from ddpflow.train_loop import EpochStats
+from ddpflow.train_result import EpochStats
 
 NOT_REACHED = "not reached"
 COLUMNS = (

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpflow import storage
+from ddpflow.charlm.config import CharLSTMConfig
 from ddpflow.charlm.data import FormattedCorpus
-from ddpflow.charlm.model import CharLSTMConfig
-from ddpflow.charlm.training import CharLMTrainJob
+from ddpflow.charlm.job import CharLMTrainJob
 from ddpflow.inspection import DatasetRef, log_datasets
 from ddpflow.sweep.config import TRIAL_FIELDS, TrialConfig, TrialSpec
 from ddpflow.sweep.trial import elapsed_by_epoch
 from ddpflow.tracking import MlflowLogger, RunRef, end_run, metric_history, start_run
-from ddpflow.train_loop import EpochStats, TrainResult
+from ddpflow.train_result import EpochStats, TrainResult
 
 ERROR_TAG = "ddpflow.error"
 FAILURE_KIND_TAG = "ddpflow.failure"  # "invalid" (never launched) or "crash"

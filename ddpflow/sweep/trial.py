@@ -5,13 +5,16 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.training import CharLMTrainJob, train_rank
-from ddpflow.train_context import TrainContext
-from ddpflow.train_loop import EpochStats, TrainResult
+from ddpflow.charlm.job import CharLMTrainJob
+from ddpflow.train_result import EpochStats, TrainResult
+
+if TYPE_CHECKING:
+    from ddpflow.train_context import TrainContext
 
 ELAPSED_METRIC = "elapsed_s"
 FINAL_VAL_LOSS_METRIC = "final_val_loss"
@@ -29,6 +32,9 @@ def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
 
 def trial_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
     """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
+    # Imported on the rank: the sweep's flow process imports this module without torch.
+    from ddpflow.charlm.training import train_rank
+
     result = train_rank(ctx, job)
     if ctx.is_main:
         _log_trial_metrics(job, result.history)

@@ -14,10 +14,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
-import torchvision.transforms.v2 as T
 from PIL import Image
 
 from ddpflow import storage
@@ -36,9 +34,13 @@ from ddpflow.vision.split import stratified_split
 
 # 2: reads that failed for network reasons were cached as unreadable by version 1; such
 # manifests must not be trusted, and the per-image size cap is part of the key.
+if TYPE_CHECKING:
+    import torch
+
+    Transform = Callable[[Image.Image], torch.Tensor]
+
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-Transform = Callable[[Image.Image], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class ImageSpec:
 
     def transform(self) -> Transform:
         """PIL RGB image -> uint8 tensor [3, S, S] (torchvision v2 transforms)."""
+        # torch and torchvision are imported where used in this module: the flow process
+        # imports it for its settings and result types and starts without torch.
+        import torchvision.transforms.v2 as T
+
         size = self.image_size
         if self.resize == "stretch":
             return T.Compose([T.PILToTensor(), T.Resize((size, size), antialias=True)])
@@ -183,6 +189,8 @@ def _save(
     val: list[int],
     val_keys: list[str],
 ) -> None:
+    import torch
+
     stacked = torch.stack(images)
     label_tensor = torch.tensor(labels, dtype=torch.int64)
     for uri, rows in ((result.train_uri, train), (result.val_uri, val)):

@@ -17,13 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from PIL import Image
-from torchvision.datasets.folder import IMG_EXTENSIONS
 
 from ddpflow import storage
 from ddpflow.redact import redact_url
 from ddpflow.vision.objects import DEFAULT_MAX_IMAGE_MB, list_objects, mb_to_bytes
 
 MAX_KEYS_SHOWN = 10
+# torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS), written
+# out so that listing a folder in the flow process does not import torch.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class DatasetError(ValueError):

@@ -8,8 +8,7 @@ so a registered model needs the images and nothing of ddpflow to serve them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +17,7 @@ from torch import nn
 
 from ddpflow import storage
 from ddpflow.redact import redact_url
+from ddpflow.vision.config import ImageModelConfig as ImageModelConfig
 
 Arch = Literal["resnet18", "resnet50"]
 ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
@@ -28,24 +28,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 class WeightsError(ValueError):
     """Pretrained weights could not be fetched or do not fit the architecture."""
-
-
-@dataclass(frozen=True)
-class ImageModelConfig:
-    """What rebuilds the model from a checkpoint (weights are in the state_dict)."""
-
-    arch: str
-    num_classes: int
-    image_size: int
-    classes: tuple[str, ...] = ()
-    freeze_backbone: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "classes": list(self.classes)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ImageModelConfig:
-        return cls(**{**data, "classes": tuple(data.get("classes", ()))})
 
 
 class ImageClassifier(nn.Module):
@@ -75,7 +57,6 @@ class ImageClassifier(nn.Module):
             # would drift towards the new data although the weights around them cannot adapt.
             self.backbone.eval()
         return self
-
 
 
 def build_resnet(

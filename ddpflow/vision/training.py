@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -15,51 +14,18 @@ from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.speed import PLAIN, SpeedSettings, TrainSpeed, announce
-from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
-from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext, TrainSettings, workload_settings
+from ddpflow.speed import TrainSpeed, announce
+from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import FitHooks, TrainResult
 from ddpflow.vision.data import ImageSplit, load_split
+from ddpflow.vision.job import ImageTrainJob as ImageTrainJob
 from ddpflow.vision.metrics import batch_accuracy, evaluate_split
 from ddpflow.vision.model import (
     ImageClassifier,
-    ImageModelConfig,
     build_resnet,
     trainable_parameters,
 )
 from ddpflow.workload_fit import fit_job
-
-Optimizer = Literal["adam", "sgd"]
-
-
-@dataclass(frozen=True)
-class ImageTrainJob:
-    """Everything a rank needs, as URIs and numbers (it crosses the network to each worker)."""
-
-    train_uri: str
-    val_uri: str
-    model: ImageModelConfig
-    weights_uri: str | None  # a state_dict checked by resolve_weights, or None
-    epochs: int
-    batch_size: int  # per rank
-    lr: float  # base lr: each run uses lr * world_size (linear scaling)
-    optimizer: Optimizer
-    lr_patience: int
-    seed: int
-    checkpoint_root: str
-    keep_last: int
-    run: RunRef
-    log_every_steps: int = 5
-    eval_batch_size: int = 256
-    speed: SpeedSettings = PLAIN
-    # Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns a trigger off.
-    checkpoint_every_steps: int = 0
-    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
-
-    def train_settings(self) -> TrainSettings:
-        """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
-        return workload_settings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)
 
 
 def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:

@@ -58,6 +58,14 @@ def _import_torch() -> str:
     return torch.__version__
 
 
+@pytest.fixture(autouse=True)
+def _idle_workers_first(dask_client: distributed.Client) -> None:
+    """Every test starts on two idle workers, even after one that failed half-way (it may
+    have lost a worker): a failure stays in its own test instead of failing the next ones
+    for want of a worker."""
+    _wait_idle(dask_client)
+
+
 def _parent_command_line() -> str:
     return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
 

@@ -22,9 +22,10 @@ class InjectedFault(RuntimeError):
 
 
 def dask_setup(worker: Any) -> None:
-    import ddpflow.sweep.trial as trial
+    # The trial's rank imports train_rank from here when it runs (ddpflow.sweep.trial).
+    import ddpflow.charlm.training as training
 
-    train_rank = trial.train_rank
+    train_rank = training.train_rank
 
     def crashes_after_one_epoch(ctx: Any, job: Any) -> Any:
         if job.lr != FAULTY_LR:
@@ -32,4 +33,4 @@ def dask_setup(worker: Any) -> None:
         train_rank(ctx, replace(job, epochs=1))  # its epoch-1 metrics stay in MLflow
         raise InjectedFault(f"injected fault after epoch 1 of {job.epochs} (lr={FAULTY_LR})")
 
-    trial.train_rank = crashes_after_one_epoch
+    training.train_rank = crashes_after_one_epoch
