@@ -14,7 +14,7 @@ from torch import nn
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.speed import TrainSpeed, announce
+from ddpflow.speed import SpeedError, TrainSpeed, announce
 from ddpflow.train_context import TrainContext
 from ddpflow.train_loop import FitHooks, TrainResult
 from ddpflow.vision.data import ImageSplit, load_split
@@ -37,6 +37,13 @@ def make_optimizer(kind: str, params: list, lr: float) -> torch.optim.Optimizer:
     raise ValueError(f"optimizer={kind!r} is not one of adam, sgd")
 
 
+# On CPUs with AVX-512 bf16 (seen on a Sapphire Rapids Xeon, torch 2.14.1), oneDNN computes
+# the bf16 weight gradient of a stride-2 convolution whose input is 1x1 from uninitialised
+# memory: weights of 1e24 after a few steps, different in every run. A ResNet's last stage
+# gets a 1x1 input at 16 px or less; at 17 px and more every strided input is 2x2 or larger.
+MIN_CPU_BF16_IMAGE_SIZE = 17
+
+
 @dataclass
 class _Trainer:
     """The built objects of one rank."""
@@ -51,12 +58,18 @@ class _Trainer:
 
 def _build(ctx: TrainContext, job: ImageTrainJob) -> _Trainer:
     speed = job.speed.resolve(ctx.device, images=True)  # fails before any training
+    size = job.model.image_size
+    if speed.precision == "bf16" and ctx.device.type == "cpu" and size < MIN_CPU_BF16_IMAGE_SIZE:
+        raise SpeedError(
+            f"precision='bf16' with image_size={size} on CPU: oneDNN's bf16 convolutions "
+            "corrupt the weights of a ResNet on images this small; pass image_size >= "
+            f"{MIN_CPU_BF16_IMAGE_SIZE} or precision fp32 (auto)"
+        )
     torch.manual_seed(job.seed)  # the same new head on every rank (DDP broadcasts it anyway)
     cfg = job.model
     weights = job.weights_uri or "none"
     model = build_resnet(cfg.arch, cfg.num_classes, weights, cfg.freeze_backbone).to(ctx.device)
     model = speed.apply_to_model(model)  # channels_last before DDP registers its buffers
-    size = cfg.image_size
     probe = torch.zeros(2, 3, size, size, dtype=torch.uint8), torch.zeros(2, dtype=torch.long)
     speed.check_runs(model, *probe)
     ddp_model = ctx.wrap(model)

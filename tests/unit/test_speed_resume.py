@@ -12,6 +12,7 @@ and that refusal is checked instead.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +161,15 @@ def test_images_resume_bitwise(tmp_path, speed: SpeedSettings) -> None:
     resolved = logger.tags["ddpflow.speed"]
     assert f'"precision": "{speed.precision}"' in resolved
     assert f'"channels_last": {str(speed.channels_last).lower()}' in resolved
+
+
+@pytest.mark.timeout(60)
+def test_cpu_bf16_on_images_of_16_px_is_refused_before_training(tmp_path):
+    """The oneDNN bug above: named, with the fix, before any checkpoint is read or written."""
+    root = str(tmp_path / "checkpoints")
+    job = _image_job(tmp_path, root, SpeedSettings("bf16", True))
+    job = replace(job, model=replace(job.model, image_size=16))
+    with pytest.raises(SpeedError, match="image_size=16 on CPU") as error:
+        _rank(vision_training.train_rank, job)
+    assert "pass image_size >= 17 or precision fp32" in str(error.value)
+    assert CheckpointStore(root).latest_uri() is None
