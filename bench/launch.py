@@ -13,7 +13,8 @@
      deployment has them: a Prefect server and a Dask scheduler with 2 `dask worker`
      processes started as the stack starts them (ddpflow_infra/services.py, so with WORKER_ENV), and
      a project that has run once (its MLflow database and formatted data exist). The second
-     run is measured.
+     run is measured. Between the two, torchrun runs once more while those services idle:
+     a diagnostic of what their presence on the same cores costs any training.
 
 Time to the first completed step. Rank 0 timestamps each `train_loss`/`samples_per_s` log
 (every 20 steps) with time.time(), and `samples_per_s` of the first window is
@@ -53,6 +54,7 @@ class LaunchRuns:
     flow_stages: dict[str, float]
     baselines: list[Timeline]
     warm: tuple[Timeline, dict[str, float]] | None  # the flow on running services
+    beside: Timeline | None = None  # torchrun beside those services, idle
 
 
 def measure(quick: bool, warm: bool) -> LaunchRuns:
@@ -65,7 +67,10 @@ def measure(quick: bool, warm: bool) -> LaunchRuns:
         warm_run = run_warm(root, source) if warm else None
         if not quick:
             baselines.append(run_torchrun(root, source, "after"))
-    return LaunchRuns(flow, flow_stages, baselines, warm_run)
+    if warm_run is None:
+        return LaunchRuns(flow, flow_stages, baselines, None)
+    warm_flow, warm_stages, beside = warm_run
+    return LaunchRuns(flow, flow_stages, baselines, (warm_flow, warm_stages), beside)
 
 
 def _stage_notes(flow: Timeline, flow_stages: dict[str, float]) -> str:
@@ -175,6 +180,26 @@ def _warm_rows(runs: LaunchRuns) -> list[Result]:
             warm.steady_samples_per_s / steady >= STEADY_TARGET,
             "on `dask worker` processes started as the stack starts them (WORKER_ENV)",
         ),
+        *_beside_rows(runs.beside, steady),
+    ]
+
+
+def _beside_rows(beside: Timeline | None, steady: float) -> list[Result]:
+    if beside is None:
+        return []
+    return [
+        Result(
+            "launch",
+            "steady samples/s, torchrun beside the idle warm services",
+            beside.steady_samples_per_s,
+            steady,
+            "samples/s",
+            beside.steady_samples_per_s / steady,
+            "torchrun beside/alone (diagnostic)",
+            None,
+            "the same torchrun launch while the Prefect server, the Dask scheduler and its "
+            "2 workers idle on the same cores: what their presence alone costs a training",
+        )
     ]
 
 

@@ -116,8 +116,10 @@ def source_file(project: Path, quick: bool) -> str:
     return str(path)
 
 
-def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float]]:
-    """The flow on services that are already up, in a project that has run once."""
+def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float], Timeline]:
+    """The flow on services that are already up, in a project that has run once; and
+    torchrun beside those services while they idle (before the flow runs), which shows what
+    their presence on the same cores costs any training."""
     from ddpflow_infra.procs import free_port, stop
     from ddpflow_infra.services import start_dask, start_prefect_server
 
@@ -130,7 +132,8 @@ def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float]]:
         try:
             env = {"PREFECT_API_URL": server.url, "DDPFLOW_DASK_ADDRESS": scheduler.url}
             run_flow(root / "warm", source, env, tag="warm-up")
-            return run_flow(root / "warm", source, env, tag="warm")
+            beside = run_torchrun(root, source, "beside-services")
+            return (*run_flow(root / "warm", source, env, tag="warm"), beside)
         finally:
             stop(workers)
             stop(scheduler)
