@@ -3,12 +3,15 @@
 import os
 import sys
 
-from ddpflow_flows import early_api
+from ddpflow_flows import early_api, early_cluster
 
 # First, before the imports below: a flow's command line starts its embedded Prefect API
-# now, so that the server's start overlaps this process's imports (ddpflow_flows/early_api.py).
+# now, so that the server's start overlaps this process's imports (ddpflow_flows/early_api.py),
+# and its LocalCluster, which overlaps the server's start (ddpflow_flows/early_cluster.py).
 if early_api.wanted(sys.orig_argv, os.environ):
     early_api.start_early()
+    if url := early_api.api_url():
+        early_cluster.start_early(url)
 
 # Prefect sets up its console logging (formats, levels) when its flow machinery is first
 # imported, unless the root logger already has handlers by then. mlflow.pytorch calls

@@ -90,6 +90,11 @@ def start_early() -> None:
     atexit.register(_stop_unadopted)
 
 
+def api_url() -> str | None:
+    """The early server's API URL (what Prefect's temporary server reports), if started."""
+    return None if _started is None else f"http://127.0.0.1:{_started[0]}/api"
+
+
 def _stop_unadopted() -> None:
     """At exit before `adopt` (e.g. a command-line error): the server is not needed."""
     if _started is not None:

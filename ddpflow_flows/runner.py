@@ -14,12 +14,14 @@ from typing import Any
 import dask
 import distributed
 from distributed.deploy import Cluster
+from prefect.logging import get_logger
 from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect_dask import DaskTaskRunner
 
 from ddpflow.cluster import build_cluster, local_cluster, task_placement
 from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
 from ddpflow.distributed import cluster_workers
+from ddpflow_flows import early_cluster
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 log = logging.getLogger(__name__)
@@ -111,6 +113,10 @@ def prefect_api_url() -> str | None:
 
 def _local_cluster_for_flow(num_workers: int, **options: Any) -> distributed.LocalCluster:
     url = prefect_api_url()
+    early = early_cluster.adopt(num_workers, url, options)  # started with the embedded API
+    if early is not None:
+        get_logger("task_runner").info(early_cluster.ADOPTED)
+        return early
     return local_cluster(num_workers, env={"PREFECT_API_URL": url} if url else None, **options)
 
 

@@ -15,6 +15,7 @@ import torch
 
 from ddpflow import storage
 from ddpflow.checkpoint import CheckpointStore
+from ddpflow_flows import early_cluster
 from tests.integration.conftest import prefect_cli, project_tracking, run_flow, tiny_charlm
 
 pytestmark = pytest.mark.integration
@@ -90,6 +91,12 @@ def trained(tmp_path_factory) -> dict:
 # kills one that is still there after its 4 s close timeout, and says so).
 def test_the_flows_workers_exit_without_being_killed(trained):
     assert "still alive after" not in trained["stdout"], trained["stdout"][-3000:]
+
+
+# docs/s3-and-servers.md: a flow's command line starts its LocalCluster while the embedded
+# API starts, and the flow's task runner takes that cluster instead of starting another.
+def test_the_flow_runs_on_the_cluster_started_beside_its_embedded_api(trained):
+    assert early_cluster.ADOPTED in trained["stdout"], trained["stdout"][-3000:]
 
 
 def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
