@@ -131,7 +131,7 @@ def rank_entry(
         spool = spool_folder(beside, ref.run_id) if beside else None
         logger = logger_for_rank(rank_ctx.is_main, ref, spool)
     unsent: list[Unsent] = []
-    # Imported on the rank: the launching process (a flow's) runs without torch.
+    # Imported on the rank: the launching process (a flow's) starts without torch.
     from ddpflow.train_context import TrainContext
 
     try:

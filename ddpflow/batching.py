@@ -38,7 +38,7 @@ def epoch_batches(
     the same world size and start = steps done * batch_size * world_size, the batches are
     exactly the epoch's remaining ones. Nothing left to share among the ranks gives [].
     """
-    import torch  # lazy: the flow process imports this module and runs without torch
+    import torch  # lazy: the flow process imports this module and starts without torch
 
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")

@@ -1,6 +1,6 @@
 """What a user asks of training speed (`SpeedSettings`), free of torch.
 
-The flows build these settings from their parameters in a process that never imports torch
+The flows build these settings from their parameters in a process that starts without torch
 (it would add seconds to every flow run's start); each rank resolves them into a
 `ddpflow.speed.TrainSpeed` on its device. ddpflow.speed explains the settings.
 """

@@ -71,7 +71,7 @@ class EpochPosition:
         """This rank's partial sums to continue from. A different world size (a resume with
         fewer workers) gives rank 0 the total and the others nothing: the mean is kept."""
         # torch is imported where it is used: the flow process imports this module for its
-        # settings and runs without torch.
+        # settings and starts without torch.
         import torch
 
         if world_size == self.world_size:

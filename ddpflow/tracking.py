@@ -120,7 +120,7 @@ def register_pt2_model(
     requirements skip MLflow's slow dependency inference. `quiet_warnings` are
     `warnings.filterwarnings` arguments for export notes known to be harmless.
     """
-    import torch  # lazy: the flow process imports this module and runs without torch
+    import torch  # lazy: the flow process imports this module and starts without torch
 
     from ddpflow.mlflow_pytorch import mlflow_pytorch
 

@@ -1,5 +1,5 @@
-"""What a training returns, free of torch: the flow process unpickles it and never imports
-torch (that would add seconds to every run's start)."""
+"""What a training returns, free of torch: the flow process unpickles it when training ends
+and has not imported torch (importing it would add seconds to every run's start)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The settings every rank's TrainContext is made of, free of torch.
 
 ddpflow.run() and the built-in workloads' jobs build them in the launching process (a flow
-process that never imports torch: that would add seconds to every run's start); each rank
-makes its `ddpflow.train_context.TrainContext` from them.
+process starts without torch: importing it would add seconds to every run's start); each
+rank makes its `ddpflow.train_context.TrainContext` from them.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 class RankFunction:
     """A workload's rank function named "module:function" and imported on the rank.
 
-    The launcher runs in the flow process, which never imports torch (seconds of every run's
+    The launcher runs in the flow process, which starts without torch (seconds of every run's
     start); the rank functions' modules import it. Named, the function crosses to the
     workers as two strings and is imported there, where torch is loaded already.
     """

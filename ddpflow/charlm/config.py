@@ -1,5 +1,5 @@
 """The character LSTM's sizes, free of torch: the flow process builds them from its
-parameters and never imports torch (ddpflow.charlm.model builds the network from them)."""
+parameters and starts without torch (ddpflow.charlm.model builds the network from them)."""
 
 from __future__ import annotations
 

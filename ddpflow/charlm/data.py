@@ -152,7 +152,7 @@ def fetch_corpus(source: str, artifact_root: str) -> SourceCopy:
 def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> FormattedCorpus:
     """Clean, split by name into train/holdout and format both as uint8 windows."""
     # Imported here: formatting needs torch, and the flow process imports this module for
-    # its result types and runs without torch.
+    # its result types and starts without torch.
     from ddpflow.charlm.formatting import format_names
 
     data = storage.read_bytes(raw_uri)

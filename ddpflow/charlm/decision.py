@@ -1,5 +1,5 @@
 """The champion/challenger decision and its rule, free of torch: the retraining flow's
-process returns it and never imports torch (ddpflow.charlm.champion scores the models)."""
+process returns it and starts without torch (ddpflow.charlm.champion scores the models)."""
 
 from __future__ import annotations
 

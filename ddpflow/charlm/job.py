@@ -1,6 +1,6 @@
 """A pet-name training job: what every rank needs, as URIs and numbers, free of torch.
 
-The flows build it in a process that never imports torch (that would add seconds to every
+The flows build it in a process that starts without torch (importing it would add seconds to every
 run's start); ddpflow.charlm.training.train_rank runs it on each rank.
 """
 

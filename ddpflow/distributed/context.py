@@ -90,7 +90,7 @@ def progress_topic(launch_id: str) -> str:
 def process_group(spec: RankSpec) -> Iterator[RankContext]:
     """Join the group described by `spec`; a single rank is just a group of one."""
     # torch is imported where it is used, here and below: the flow process imports this
-    # package (the launcher) and runs without torch.
+    # package (the launcher) and starts without torch.
     import torch
     import torch.distributed as dist
 

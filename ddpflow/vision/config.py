@@ -1,5 +1,5 @@
 """The image model's description, free of torch: the flow process builds it from its
-parameters and never imports torch (ddpflow.vision.model builds the network from it)."""
+parameters and starts without torch (ddpflow.vision.model builds the network from it)."""
 
 from __future__ import annotations
 
