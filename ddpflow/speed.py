@@ -28,13 +28,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ddpflow.speed_settings import PLAIN as PLAIN
-from ddpflow.speed_settings import PRECISIONS as PRECISIONS
 from ddpflow.speed_settings import CudaCaps as CudaCaps
-from ddpflow.speed_settings import Precision as Precision
 from ddpflow.speed_settings import SpeedError as SpeedError
 from ddpflow.speed_settings import SpeedSettings as SpeedSettings
-from ddpflow.speed_settings import Toggle as Toggle
 
 if TYPE_CHECKING:  # annotations only: the loop and checkpoint modules import this one
     from ddpflow.train_context import TrainContext

@@ -28,7 +28,6 @@ from ddpflow.step_checkpoints import EpochPosition, epoch_seed
 from ddpflow.tracking import MetricLogger, NullLogger, flush_logger
 from ddpflow.train_settings import TrainSettings as TrainSettings
 from ddpflow.train_settings import check_seed as check_seed
-from ddpflow.train_settings import workload_settings as workload_settings
 
 __all__ = ["Stateful", "TrainContext", "TrainSettings"]
 T = TypeVar("T")

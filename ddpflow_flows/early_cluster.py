@@ -57,7 +57,9 @@ def _start(num_workers: int, api_url: str) -> distributed.LocalCluster:
     return local_cluster(num_workers, env={"PREFECT_API_URL": api_url})
 
 
-def adopt(num_workers: int, api_url: str | None, options: dict[str, Any]) -> Any:
+def adopt(
+    num_workers: int, api_url: str | None, options: dict[str, Any]
+) -> distributed.LocalCluster | None:
     """The early cluster if it is the one the flow asks for (same workers, same API, no
     other options), else None (the flow builds its own; an early one is closed)."""
     global _pending

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
 from ddpflow.charlm.data import load_windows
-from ddpflow.charlm.decision import TAG_PREFIX as TAG_PREFIX
 from ddpflow.charlm.decision import Decision, decide
 from ddpflow.charlm.evaluation import load_model
 from ddpflow.charlm.formatting import split_xy
