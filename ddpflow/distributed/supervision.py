@@ -51,9 +51,13 @@ def wait_for_start(
 ) -> None:
     events = [distributed.Event(started_event(launch_id, a.rank), client=client) for a in plan]
     pending = set(range(len(plan)))
+    since = time.time()
     deadline = time.monotonic() + timeout_s
     while pending and time.monotonic() < deadline:
-        _raise_on_failures(plan, futures, "failed while starting")
+        # With the client: a small group can train, lose a worker and fail on its peer's
+        # "connection closed" before this loop has seen every start; the lost worker is
+        # still the cause to name.
+        _raise_on_failures(plan, futures, "failed while starting", client, since)
         pending = {r for r in pending if not events[r].is_set() and not futures[r].done()}
         if pending:
             time.sleep(POLL_S)

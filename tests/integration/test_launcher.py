@@ -130,6 +130,40 @@ def test_a_rank_that_cannot_start_fails_within_the_timeout(dask_client):
     _wait_idle(dask_client)
 
 
+def _peer_error_after(seconds: float) -> None:
+    time.sleep(seconds)
+    raise RuntimeError("Connection closed by peer (as gloo says when its peer dies)")
+
+
+def _exit_now() -> None:
+    os._exit(1)
+
+
+def test_a_worker_lost_while_the_group_starts_is_named_not_only_its_peers_error(dask_client):
+    """A group fast enough to fail before the launcher has seen every rank start (a loaded
+    machine, a tiny model) is still described by the worker that died: the peer's
+    "connection closed" names no one. The launcher's start wait is called directly with
+    ranks that never signal their start, so the race is fixed, not left to timing."""
+    from ddpflow.distributed.planning import RankAssignment
+    from ddpflow.distributed.supervision import WORKER_LEFT, wait_for_start
+
+    workers = sorted(dask_client.scheduler_info()["workers"])
+    plan = [RankAssignment(rank, address, "127.0.0.1", 1) for rank, address in enumerate(workers)]
+    futures = [
+        dask_client.submit(_peer_error_after, 1.0, workers=[workers[0]], pure=False),
+        dask_client.submit(_exit_now, workers=[workers[1]], pure=False),
+    ]
+    try:
+        with pytest.raises(LaunchError) as info:
+            wait_for_start(dask_client, plan, futures, f"never-{uuid.uuid4().hex}", 60)
+    finally:
+        dask_client.cancel(futures, force=True)
+    message = str(info.value)
+    assert f"rank 1 on worker {workers[1]}: {WORKER_LEFT}" in message, message
+    assert "Connection closed by peer" in message, message
+    _wait_idle(dask_client)
+
+
 def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
     from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
 
