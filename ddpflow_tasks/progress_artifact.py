@@ -31,7 +31,9 @@ CLOSE_TIMEOUT_S = 15.0
 class ProgressArtifact:
     """One Prefect progress artifact, updated from any thread without waiting."""
 
-    def __init__(self, key: str, title: str, min_interval_s: float = 2.0):
+    # Every 5 s: each update is a write on the Prefect server, which on a small machine shares
+    # the cores with the ranks; a person watching needs no finer grain.
+    def __init__(self, key: str, title: str, min_interval_s: float = 5.0):
         self.key, self.title, self.min_interval_s = key, title, min_interval_s
         self.artifact_id: UUID | None = None
         self.latest: StepProgress | None = None
