@@ -37,6 +37,7 @@ FLOW_MODULES = (
 _PR_SET_PDEATHSIG = 1
 
 _started: tuple[int, subprocess.Popen[bytes]] | None = None
+_seeded: Path | None = None  # the database copied from the template, if one was
 
 
 def wanted(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> bool:
@@ -51,7 +52,7 @@ def wanted(argv: list[str], environ: dict[str, str] | os._Environ[str]) -> bool:
     return not {"-h", "--help"} & set(argv[at + 2 :])
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -66,12 +67,33 @@ def _die_with_parent() -> None:
 
 def start_early() -> None:
     """Spawn the server process now (no waiting); `adopt` hands it to Prefect later."""
-    global _started
+    global _started, _seeded
+    if importlib.util.find_spec("prefect") is None:
+        return
+    # A first run in this PREFECT_HOME: the migrated database from the install, not 5 s of
+    # migrations. Imported here: `python -m` of that module must not find it imported.
+    from ddpflow_flows import prefect_db_template
+
+    _seeded = prefect_db_template.seed()
+    port = free_port()
+    preexec = _die_with_parent if sys.platform == "linux" else None
+    process = subprocess.Popen(server_command(port), env=server_env(), preexec_fn=preexec)  # noqa: PLW1509
+    _started = (port, process)
+    atexit.register(_stop_unadopted)
+
+
+def server_command(port: int) -> list[str]:
+    """The command Prefect runs for its temporary server, on 127.0.0.1:`port`."""
     spec = importlib.util.find_spec("prefect")
     if spec is None or spec.origin is None:
-        return
-    port = _free_port()
-    env = {
+        raise RuntimeError("Prefect is not installed")
+    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
+    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
+    return command + ["--port", str(port), "--log-level", "error", "--lifespan", "on"]
+
+
+def server_env() -> dict[str, str]:
+    return {
         **os.environ,
         # What Prefect's own start sets for its temporary server.
         "PREFECT_UI_ENABLED": "0",
@@ -82,12 +104,6 @@ def start_early() -> None:
             "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
         ),
     }
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
-    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
-    command += ["--port", str(port), "--log-level", "error", "--lifespan", "on"]
-    preexec = _die_with_parent if sys.platform == "linux" else None
-    _started = (port, subprocess.Popen(command, env=env, preexec_fn=preexec))  # noqa: PLW1509
-    atexit.register(_stop_unadopted)
 
 
 def api_url() -> str | None:
@@ -121,6 +137,10 @@ def adopt() -> None:
     from prefect.logging import get_logger
 
     get_logger("server").info(f"Starting temporary server on {server.address}")
+    if _seeded is not None:  # Prefect's "prefect" logger: the server's is quiet at INFO
+        from ddpflow_flows.prefect_db_template import SEEDED_FROM
+
+        get_logger().info(f"Prefect's temporary server: {SEEDED_FROM} to {_seeded}")
     _wait_healthy(server.api_url, process)
     server.running = True
     atexit.register(server.stop)

@@ -19,6 +19,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from ddpflow.cluster import local_cluster
+from ddpflow_flows import prefect_db_template
 from tests.integration.charlm_runs import TINY, final_weights
 from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
@@ -53,23 +54,20 @@ def slurm(tmp_path_factory) -> Iterator[Slurm]:
 
 @functools.cache
 def migrated_prefect_db() -> Path:
-    """A Prefect database with every migration applied, made once per test session.
+    """A Prefect database with every migration applied: the one `make venv` installs
+    (ddpflow_flows/prefect_db_template.py), else one made once per test session.
 
     A flow run without PREFECT_API_URL starts Prefect's embedded API, which on a fresh
     database first runs every migration: about 15 s of each flow run's start on a loaded
     2-core machine. Each project gets a copy of this one, so its runs skip that and stay
     isolated from every other test's.
     """
-    home = Path(tempfile.mkdtemp(prefix="ddpflow-prefect-template-"))
-    atexit.register(shutil.rmtree, home, ignore_errors=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
-    env.update({"PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
-    prefect = Path(sys.executable).with_name("prefect")
-    subprocess.run(
-        [str(prefect), "server", "database", "upgrade", "-y"],
-        env=env, capture_output=True, text=True, timeout=300, check=True,
-    )  # fmt: skip
-    return home / "prefect.db"
+    installed = prefect_db_template.template_path()
+    if installed is not None and installed.is_file():
+        return installed
+    folder = Path(tempfile.mkdtemp(prefix="ddpflow-prefect-template-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return prefect_db_template.build(folder / "prefect.db")
 
 
 @functools.cache
@@ -88,13 +86,14 @@ def migrated_mlflow_db() -> Path:
     return folder / "mlflow.db"
 
 
-def project_env(project: Path) -> dict[str, str]:
+def project_env(project: Path, prefect_db: bool = True) -> dict[str, str]:
     """An isolated project: its own artifact folder, MLflow SQLite file and Prefect home,
-    both databases starting migrated and empty (a file already there is kept)."""
-    for database, template in (
-        (project / ".prefect" / "prefect.db", migrated_prefect_db),
-        (project / "mlflow.db", migrated_mlflow_db),
-    ):
+    both databases starting migrated and empty (a file already there is kept). Without
+    `prefect_db` the Prefect home starts empty, as a user's first project does."""
+    templates = [(project / "mlflow.db", migrated_mlflow_db)]
+    if prefect_db:
+        templates.append((project / ".prefect" / "prefect.db", migrated_prefect_db))
+    for database, template in templates:
         if not database.exists():
             database.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(template(), database)
@@ -145,14 +144,18 @@ def prefect_cli(
 
 
 def run_in_project(
-    argv: list[str], project: Path, env: dict[str, str] | None = None, timeout_s: float = 600
+    argv: list[str],
+    project: Path,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 600,
+    prefect_db: bool = True,
 ) -> subprocess.CompletedProcess[str]:
     """`argv` in the project folder with its isolated environment (project_env) plus `env`;
     output captured, the exit code left to the caller."""
     return subprocess.run(
         argv,
         cwd=project,
-        env={**project_env(project), **(env or {})},
+        env={**project_env(project, prefect_db), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -190,11 +193,13 @@ def run_flow(
     project: Path,
     timeout_s: float = 600,
     env: dict[str, str] | None = None,
+    prefect_db: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m ddpflow_flows.<module> ...` the way a user does, in the project folder."""
+    """Run `python -m ddpflow_flows.<module> ...` the way a user does, in the project folder
+    (`prefect_db`: see project_env)."""
     project.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", f"ddpflow_flows.{module}", *args]
-    return run_in_project(argv, project, env, timeout_s)
+    return run_in_project(argv, project, env, timeout_s, prefect_db)
 
 
 @pytest.fixture(scope="session")

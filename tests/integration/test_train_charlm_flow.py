@@ -15,8 +15,14 @@ import torch
 
 from ddpflow import storage
 from ddpflow.checkpoint import CheckpointStore
-from ddpflow_flows import early_cluster
-from tests.integration.conftest import prefect_cli, project_tracking, run_flow, tiny_charlm
+from ddpflow_flows import early_cluster, prefect_db_template
+from tests.integration.conftest import (
+    prefect_cli,
+    prefect_records,
+    project_tracking,
+    run_flow,
+    tiny_charlm,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -71,8 +77,12 @@ def data_files(artifacts: Path) -> dict[str, tuple[int, int]]:
 def trained(tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("charlm")
     # The speed settings reach the ranks: pinning is asked for, and is a no-op on CPU.
+    # A first project: its Prefect home starts empty, as a user's does.
     result = run_flow(
-        "train_charlm", [*TINY, "--pin-memory", "true", "--precision", "auto"], project
+        "train_charlm",
+        [*TINY, "--pin-memory", "true", "--precision", "auto"],
+        project,
+        prefect_db=False,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     client = project_tracking(project)
@@ -97,6 +107,19 @@ def test_the_flows_workers_exit_without_being_killed(trained):
 # API starts, and the flow's task runner takes that cluster instead of starting another.
 def test_the_flow_runs_on_the_cluster_started_beside_its_embedded_api(trained):
     assert early_cluster.ADOPTED in trained["stdout"], trained["stdout"][-3000:]
+
+
+# docs/s3-and-servers.md: a project's first flow starts its embedded API on a copy of the
+# migrated database `make venv` built, and Prefect keeps the flow run in that copy.
+def test_the_first_embedded_api_starts_on_the_installed_database_template(trained):
+    installed = prefect_db_template.template_path()
+    assert installed is not None and installed.is_file(), f"make venv builds {installed}"
+    copied = trained["project"] / ".prefect" / "prefect.db"
+    assert f"{prefect_db_template.SEEDED_FROM} to {copied}" in trained["stdout"], trained["stdout"][
+        -3000:
+    ]
+    runs = prefect_records(trained["project"])["flow_runs"]
+    assert [r["state_type"] for r in runs] == ["COMPLETED"], runs
 
 
 def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):

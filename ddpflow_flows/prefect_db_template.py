@@ -1,0 +1,126 @@
+"""A migrated Prefect database, built once per install, for a flow's first embedded API.
+
+The first start of Prefect's temporary API server in a new PREFECT_HOME creates its SQLite
+database: every migration, then the block types. That is 5-6 s of a cold flow's 8-9 s before
+its body runs, against under 3 s for a server that finds the database there. The database it
+leaves holds nothing but the schema and the block types of that Prefect version (no runs, no
+ids of its own), so it can be made once and copied:
+
+- `python -m ddpflow_flows.prefect_db_template` (run by `make venv`) starts a server in a
+  throw-away PREFECT_HOME, stops it and keeps its database as the template, named by Prefect's
+  version, under the environment's prefix (`<venv>/share/ddpflow/`);
+- a flow's command line that starts the embedded API copies the template to
+  `$PREFECT_HOME/prefect.db` when no database is there yet (`seed`), so its server starts as
+  fast as on a second run. Where the database is configured elsewhere, or there is one
+  already, or no template of this Prefect version, nothing is copied and Prefect creates its
+  database as usual.
+
+Stdlib only: this runs before the flow's own imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
+
+# Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
+DATABASE_URL_VARIABLES = (
+    "PREFECT_API_DATABASE_CONNECTION_URL",
+    "PREFECT_SERVER_DATABASE_CONNECTION_URL",
+)
+TEMPLATE_VARIABLE = "DDPFLOW_PREFECT_DB_TEMPLATE"  # another template file, for tests and images
+BUILD_TIMEOUT_S = 120.0
+SEEDED_FROM = "database copied from the installed template"
+
+
+def template_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """The template for the installed Prefect, whether or not it exists; None without Prefect."""
+    if explicit := environ.get(TEMPLATE_VARIABLE):
+        return Path(explicit)
+    try:
+        version = importlib.metadata.version("prefect")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return Path(sys.prefix) / "share" / "ddpflow" / f"prefect-{version}.db"
+
+
+def database_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Where Prefect's server keeps its database by default; None where one is configured."""
+    if any(environ.get(name) for name in DATABASE_URL_VARIABLES):
+        return None
+    home = environ.get("PREFECT_HOME") or "~/.prefect"
+    return Path(home).expanduser() / "prefect.db"
+
+
+def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Copy the template to Prefect's database path if there is no database yet; the path
+    copied to, or None. Never replaces a database: the copy is linked into place, which
+    fails if another process created one meanwhile."""
+    target, template = database_path(environ), template_path(environ)
+    if target is None or template is None or target.exists() or not template.is_file():
+        return None
+    try:
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as Prefect makes it
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".prefect.db.") as partial:
+            with template.open("rb") as source:
+                while chunk := source.read(1 << 20):
+                    partial.write(chunk)
+            partial.flush()
+            os.link(partial.name, target)
+    except OSError:  # a database appeared, or the folder is not ours: Prefect makes its own
+        return None
+    return target
+
+
+def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
+    """Start Prefect's server in a throw-away home, stop it, keep its database at `target`
+    (the installed template by default)."""
+    from ddpflow_flows.early_api import free_port, server_command
+
+    target = target or template_path({})
+    if target is None:
+        raise RuntimeError("Prefect is not installed: there is no database to make")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ddpflow-prefect-home-") as home:
+        port = free_port()
+        env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        for name in (*DATABASE_URL_VARIABLES, TEMPLATE_VARIABLE):
+            env.pop(name, None)
+        server = subprocess.Popen(server_command(port), env=env)
+        try:
+            _wait_healthy(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
+        finally:
+            server.terminate()
+            server.wait(30)
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.unlink(missing_ok=True)
+        # VACUUM INTO: one self-contained file, the write-ahead log folded in.
+        with contextlib.closing(sqlite3.connect(Path(home) / "prefect.db")) as db:
+            db.execute("VACUUM INTO ?", (str(partial),))
+        os.replace(partial, target)
+    return target
+
+
+def _wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"Prefect's server exited with code {server.returncode}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
+            if answer.status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"Prefect's server did not answer {url} within {timeout_s:g} s")
+
+
+if __name__ == "__main__":
+    print(f"Prefect database template: {build()}")
