@@ -42,7 +42,7 @@ from pathlib import Path
 
 from bench.common import Result, load_average, machine, print_results, stop_cleanly_on_sigterm
 from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
-from bench.launch_timing import Timeline
+from bench.launch_timing import BATCH_SIZE, WORLD_SIZE, Timeline
 
 FIRST_STEP_TARGET = 1.5
 STEADY_TARGET = 1.0
@@ -55,22 +55,23 @@ class LaunchRuns:
     baselines: list[Timeline]
     warm: tuple[Timeline, dict[str, float]] | None  # the flow on running services
     beside: Timeline | None = None  # torchrun beside those services, idle
+    world_size: int = WORLD_SIZE
 
 
-def measure(quick: bool, warm: bool) -> LaunchRuns:
+def measure(quick: bool, warm: bool, world_size: int = WORLD_SIZE) -> LaunchRuns:
     """torchrun, the flow, [the flow on warm services], torchrun again (full)."""
     with tempfile.TemporaryDirectory(prefix="ddpflow-bench-launch-") as tmp:
         root = Path(tmp)
         source = source_file(root, quick)
-        baselines = [run_torchrun(root, source, "before")]
-        flow, flow_stages = run_flow(root / "flow", source)
-        warm_run = run_warm(root, source) if warm else None
+        baselines = [run_torchrun(root, source, "before", world_size)]
+        flow, flow_stages = run_flow(root / "flow", source, world_size=world_size)
+        warm_run = run_warm(root, source, world_size) if warm else None
         if not quick:
-            baselines.append(run_torchrun(root, source, "after"))
+            baselines.append(run_torchrun(root, source, "after", world_size))
     if warm_run is None:
-        return LaunchRuns(flow, flow_stages, baselines, None)
+        return LaunchRuns(flow, flow_stages, baselines, None, world_size=world_size)
     warm_flow, warm_stages, beside = warm_run
-    return LaunchRuns(flow, flow_stages, baselines, (warm_flow, warm_stages), beside)
+    return LaunchRuns(flow, flow_stages, baselines, (warm_flow, warm_stages), beside, world_size)
 
 
 def _stage_notes(flow: Timeline, flow_stages: dict[str, float]) -> str:
@@ -121,7 +122,8 @@ def _results(runs: LaunchRuns) -> list[Result]:
             steady_ratio,
             f"flow/torchrun rate >= {STEADY_TARGET:g}",
             steady_ratio >= STEADY_TARGET,
-            "median of the 20-step windows after the first; 2 ranks x batch 512; torchrun "
+            f"median of the 20-step windows after the first; {runs.world_size} rank(s) x batch "
+            f"{BATCH_SIZE}; torchrun "
             f"runs: {', '.join(f'{b.steady_samples_per_s:,.0f}' for b in baselines)}",
         ),
         Result(
@@ -180,11 +182,11 @@ def _warm_rows(runs: LaunchRuns) -> list[Result]:
             warm.steady_samples_per_s / steady >= STEADY_TARGET,
             "on `dask worker` processes started as the stack starts them (WORKER_ENV)",
         ),
-        *_beside_rows(runs.beside, steady),
+        *_beside_rows(runs.beside, steady, runs.world_size),
     ]
 
 
-def _beside_rows(beside: Timeline | None, steady: float) -> list[Result]:
+def _beside_rows(beside: Timeline | None, steady: float, world_size: int) -> list[Result]:
     if beside is None:
         return []
     return [
@@ -198,14 +200,17 @@ def _beside_rows(beside: Timeline | None, steady: float) -> list[Result]:
             "torchrun beside/alone (diagnostic)",
             None,
             "the same torchrun launch while the Prefect server, the Dask scheduler and its "
-            "2 workers idle on the same cores: what their presence alone costs a training",
+            f"{world_size} worker(s) idle on the same cores: what their presence alone costs "
+            "a training",
         )
     ]
 
 
-def run(quick: bool = False, warm: bool | None = None) -> list[Result]:
+def run(
+    quick: bool = False, warm: bool | None = None, world_size: int = WORLD_SIZE
+) -> list[Result]:
     """`warm` (default: in full mode) adds the flow on already running services."""
-    runs = measure(quick, warm=not quick if warm is None else warm)
+    runs = measure(quick, not quick if warm is None else warm, world_size)
     results = _results(runs)
     return results[:2] + _warm_rows(runs) + results[2:]
 
@@ -225,13 +230,22 @@ def main(argv: list[str] | None = None) -> None:
         help="also run the flow on a running Prefect server and Dask cluster (default: full)",
     )
     parser.add_argument(
+        "--world-size",
+        type=int,
+        default=WORLD_SIZE,
+        help=f"ranks (and Dask workers) of every launch (default {WORLD_SIZE}); 1 on 2 cores "
+        "leaves a core to the services",
+    )
+    parser.add_argument(
         "--record",
         metavar="KEY",
         help="also write the rows as entry KEY of results/latest.json (other entries kept)",
     )
     args = parser.parse_args(argv)
     load_before, started = load_average(), time.time()
-    results = run(args.quick, args.warm)
+    if args.world_size < 1:
+        parser.error(f"--world-size must be at least 1, not {args.world_size}")
+    results = run(args.quick, args.warm, args.world_size)
     print_results("launch overhead", results)
     if args.record:
         record(args.record, results, load_before, started, sys.argv)

@@ -44,13 +44,13 @@ def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[flo
     return launch_ts, wall_s
 
 
-def _project_env(project: Path) -> dict[str, str]:
+def _project_env(project: Path, world_size: int = WORLD_SIZE) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "MLFLOW_"))}
     env.pop("DDPFLOW_DASK_ADDRESS", None)  # always the flow's own LocalCluster
     env.update(
         {
             "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
-            "DDPFLOW_DASK_WORKERS": str(WORLD_SIZE),
+            "DDPFLOW_DASK_WORKERS": str(world_size),
             "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
             "PREFECT_HOME": str(project / ".prefect"),
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -60,39 +60,43 @@ def _project_env(project: Path) -> dict[str, str]:
     return env
 
 
-def run_torchrun(project: Path, source: str, tag: str) -> Timeline:
+def run_torchrun(project: Path, source: str, tag: str, world_size: int = WORLD_SIZE) -> Timeline:
     cmd = [
         str(BIN / "torchrun"),
         "--standalone",
-        f"--nproc_per_node={WORLD_SIZE}",
+        f"--nproc_per_node={world_size}",
         str(REPO / "bench" / "torchrun_step.py"),
         f"--source={source}",
         f"--batch-size={BATCH_SIZE}",
         f"--log-every-steps={LOG_EVERY}",
     ]
     log = project / f"torchrun-{tag}.log"
-    launch_ts, wall_s = _run(cmd, project, _project_env(project), log)
+    launch_ts, wall_s = _run(cmd, project, _project_env(project, world_size), log)
     line = next(x for x in log.read_text().splitlines() if x.startswith("BENCH_RESULT "))
     report = json.loads(line.removeprefix("BENCH_RESULT "))
     logs = [(r["time"], r["samples_per_s"]) for r in report["records"]]
-    result = timeline(launch_ts, logs, report["epoch_samples_per_s"][0])
+    result = timeline(launch_ts, logs, report["epoch_samples_per_s"][0], world_size)
     return replace(result, total_s=wall_s, direct_first_step_s=report["first_step_ts"] - launch_ts)
 
 
 def run_flow(
-    project: Path, source: str, extra_env: dict[str, str] | None = None, tag: str = "flow"
+    project: Path,
+    source: str,
+    extra_env: dict[str, str] | None = None,
+    tag: str = "flow",
+    world_size: int = WORLD_SIZE,
 ) -> tuple[Timeline, dict[str, float]]:
     """The flow's timeline and the launch-relative time of each stage it logged (the newest
     run of the project: a project may be run more than once). `extra_env` may point the
     flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there."""
     project.mkdir(exist_ok=True)
     cmd = [sys.executable, "-m", "ddpflow_flows.train_charlm", "--epochs", "1", "--source", source]
-    cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1"]
+    cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1", "--world-size", str(world_size)]
     log = project / f"{tag}.log"
-    launch_ts, wall_s = _run(cmd, project, {**_project_env(project), **(extra_env or {})}, log)
+    env = {**_project_env(project, world_size), **(extra_env or {})}
+    launch_ts, wall_s = _run(cmd, project, env, log)
     from mlflow.tracking import MlflowClient  # here: MLflow's import is slow and only needed here
 
-    env = {**_project_env(project), **(extra_env or {})}
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     experiment = client.get_experiment_by_name("ddpflow-charlm")
     (run,) = client.search_runs(
@@ -104,7 +108,7 @@ def run_flow(
 
     logs = [(m.timestamp / 1000, m.value) for m in history("samples_per_s")]
     epoch_rate = history("epoch_samples_per_s")[0].value
-    result = replace(timeline(launch_ts, logs, epoch_rate), total_s=wall_s)
+    result = replace(timeline(launch_ts, logs, epoch_rate, world_size), total_s=wall_s)
     return result, stages(log.read_text(), launch_ts)
 
 
@@ -116,7 +120,9 @@ def source_file(project: Path, quick: bool) -> str:
     return str(path)
 
 
-def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float], Timeline]:
+def run_warm(
+    root: Path, source: str, world_size: int = WORLD_SIZE
+) -> tuple[Timeline, dict[str, float], Timeline]:
     """The flow on services that are already up, in a project that has run once; and
     torchrun beside those services while they idle (before the flow runs), which shows what
     their presence on the same cores costs any training."""
@@ -128,12 +134,12 @@ def run_warm(root: Path, source: str) -> tuple[Timeline, dict[str, float], Timel
     server = start_prefect_server(free_port(), root / "warm-prefect-home", logs)
     try:
         worker_env = {"PREFECT_API_URL": server.url, "PYTHONPATH": str(REPO)}
-        scheduler, workers = start_dask(free_port(), WORLD_SIZE, worker_env, logs)
+        scheduler, workers = start_dask(free_port(), world_size, worker_env, logs)
         try:
             env = {"PREFECT_API_URL": server.url, "DDPFLOW_DASK_ADDRESS": scheduler.url}
-            run_flow(root / "warm", source, env, tag="warm-up")
-            beside = run_torchrun(root, source, "beside-services")
-            return (*run_flow(root / "warm", source, env, tag="warm"), beside)
+            run_flow(root / "warm", source, env, "warm-up", world_size)
+            beside = run_torchrun(root, source, "beside-services", world_size)
+            return (*run_flow(root / "warm", source, env, "warm", world_size), beside)
         finally:
             stop(workers)
             stop(scheduler)

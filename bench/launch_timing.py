@@ -38,11 +38,16 @@ class Timeline:
     direct_first_step_s: float | None = None  # torchrun only: stamped by an optimizer hook
 
 
-def timeline(launch_ts: float, logs: list[tuple[float, float]], epoch_rate: float) -> Timeline:
+def timeline(
+    launch_ts: float,
+    logs: list[tuple[float, float]],
+    epoch_rate: float,
+    world_size: int = WORLD_SIZE,
+) -> Timeline:
     """From (timestamp, samples_per_s) of each 20-step window, in step order."""
     first_ts, first_rate = logs[0]
     steady = median([rate for _, rate in logs[1:]]) if len(logs) > 1 else first_rate
-    global_batch = BATCH_SIZE * WORLD_SIZE
+    global_batch = BATCH_SIZE * world_size
     start = first_ts - LOG_EVERY * global_batch / first_rate
     return Timeline(
         first_step_s=start + global_batch / steady - launch_ts,

@@ -40,6 +40,7 @@ DATABASE_URL_VARIABLES = (
 TEMPLATE_VARIABLE = "DDPFLOW_PREFECT_DB_TEMPLATE"  # another template file, for tests and images
 BUILD_TIMEOUT_S = 120.0
 SEEDED_FROM = "database copied from the installed template"
+SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def template_path(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -66,7 +67,7 @@ def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
     copied to, or None. Never replaces a database: the copy is linked into place, which
     fails if another process created one meanwhile."""
     target, template = database_path(environ), template_path(environ)
-    if target is None or template is None or target.exists() or not template.is_file():
+    if target is None or template is None or target.exists() or not _is_sqlite(template):
         return None
     try:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as Prefect makes it
@@ -81,10 +82,19 @@ def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
     return target
 
 
+def _is_sqlite(path: Path) -> bool:
+    """A readable SQLite file: a broken template must not become a server that cannot start."""
+    try:
+        with path.open("rb") as file:
+            return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
+    except OSError:
+        return False
+
+
 def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """Start Prefect's server in a throw-away home, stop it, keep its database at `target`
     (the installed template by default)."""
-    from ddpflow_flows.early_api import free_port, server_command
+    from ddpflow_flows.early_api import free_port, server_command, server_env
 
     target = target or template_path({})
     if target is None:
@@ -92,7 +102,7 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ddpflow-prefect-home-") as home:
         port = free_port()
-        env = {**os.environ, "PREFECT_HOME": home, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+        env = {**server_env(), "PREFECT_HOME": home}  # the server a flow starts, elsewhere
         for name in (*DATABASE_URL_VARIABLES, TEMPLATE_VARIABLE):
             env.pop(name, None)
         server = subprocess.Popen(server_command(port), env=env)

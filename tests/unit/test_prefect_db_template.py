@@ -60,3 +60,10 @@ def test_without_a_template_prefect_makes_its_own(tmp_path):
     home = tmp_path / "home"
     assert template.seed(env(home, tmp_path / "missing.db")) is None
     assert not (home / "prefect.db").exists()
+
+
+def test_a_template_that_is_not_a_database_is_not_copied(tmp_path, installed):
+    installed.write_bytes(b"<html>a failed download</html>")
+    home = tmp_path / "home"
+    assert template.seed(env(home, installed)) is None
+    assert not (home / "prefect.db").exists()
