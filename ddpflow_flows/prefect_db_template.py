@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -73,8 +74,7 @@ def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as Prefect makes it
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".prefect.db.") as partial:
             with template.open("rb") as source:
-                while chunk := source.read(1 << 20):
-                    partial.write(chunk)
+                shutil.copyfileobj(source, partial)
             partial.flush()
             os.link(partial.name, target)
     except OSError:  # a database appeared, or the folder is not ours: Prefect makes its own
