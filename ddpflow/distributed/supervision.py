@@ -94,7 +94,8 @@ def wait_all_or_first_failure(
     # client, and Prefect's client deliberately is not one.
     since = time.time()  # a worker's stop notices from before this group are not about it
     next_check = time.monotonic() + WORKER_CHECK_S
-    next_stall_check = time.monotonic() + stall_check_s(watch.timeout_s)
+    stall_every = stall_check_s(watch.timeout_s)
+    next_stall_check = time.monotonic() + stall_every
     while not all(f.done() for f in futures):
         _raise_on_failures(plan, futures, "failed", client, since)
         now = time.monotonic()
@@ -106,7 +107,7 @@ def wait_all_or_first_failure(
             if stalled := watch.stalled(running):
                 _raise_on_failures(plan, futures, "failed")  # a rank's own error comes first
                 raise LaunchError(describe("stalled", stalled), stalled)
-            next_stall_check = time.monotonic() + stall_check_s(watch.timeout_s)
+            next_stall_check = time.monotonic() + stall_every
         time.sleep(POLL_S)
     _raise_on_failures(plan, futures, "failed", client, since)
 
