@@ -93,10 +93,10 @@ def _is_sqlite(path: Path) -> bool:
 
 def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """Start Prefect's server in a throw-away home, stop it, keep its database at `target`
-    (the installed template by default)."""
+    (by default where `seed` looks: DDPFLOW_PREFECT_DB_TEMPLATE, else the installed one)."""
     from ddpflow_flows.early_api import free_port, server_command, server_env
 
-    target = target or template_path({})
+    target = target or template_path()
     if target is None:
         raise RuntimeError("Prefect is not installed: there is no database to make")
     target.parent.mkdir(parents=True, exist_ok=True)
