@@ -23,6 +23,9 @@ $(STAMP): pyproject.toml constraints.txt
 	# Prefect's migrated database, copied by a flow's first embedded API instead of 5 s of
 	# migrations (ddpflow_flows/prefect_db_template.py).
 	$(BIN)/python -m ddpflow_flows.prefect_db_template
+	# MLflow's migrated SQLite store, copied by a project's first run the same way
+	# (ddpflow/mlflow_store_template.py).
+	$(BIN)/python -m ddpflow.mlflow_store_template
 	touch $(STAMP)
 
 demo: $(STAMP)

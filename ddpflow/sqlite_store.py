@@ -5,15 +5,23 @@ processes doing that at once on a fresh file (two `make demo`s, two deployment r
 new machine) collide: one fails with "duplicate column name" or "Online migration expected
 to match one row". A file lock next to the database serialises that first use; afterwards
 every process opens the store as usual, concurrently.
+
+A store about to be created starts as a copy of the migrated schema `make venv` installs
+(ddpflow/mlflow_store_template.py), which spares its first user the migrations.
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import time
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
+
+from ddpflow import mlflow_store_template
+
+log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 300.0  # creating the schema takes seconds; another process may hold it that long
 _POLL_S = 0.2
@@ -32,6 +40,8 @@ def prepare_sqlite_store(tracking_uri: str, timeout_s: float = LOCK_TIMEOUT_S) -
     with open(lock_path, "a") as lock:
         _acquire(lock.fileno(), lock_path, timeout_s)
         try:
+            if mlflow_store_template.seed(database):
+                log.info("MLflow store: %s to %s", mlflow_store_template.SEEDED_FROM, database)
             client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
             client.search_experiments(max_results=1)  # the tracking schema
             client.search_registered_models(max_results=1)  # the registry schema

@@ -21,17 +21,15 @@ Stdlib only: this runs before the flow's own imports.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import os
-import shutil
-import sqlite3
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
+
+from ddpflow.db_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
 DATABASE_URL_VARIABLES = (
@@ -41,18 +39,11 @@ DATABASE_URL_VARIABLES = (
 TEMPLATE_VARIABLE = "DDPFLOW_PREFECT_DB_TEMPLATE"  # another template file, for tests and images
 BUILD_TIMEOUT_S = 120.0
 SEEDED_FROM = "database copied from the installed template"
-SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def template_path(environ: Mapping[str, str] = os.environ) -> Path | None:
     """The template for the installed Prefect, whether or not it exists; None without Prefect."""
-    if explicit := environ.get(TEMPLATE_VARIABLE):
-        return Path(explicit)
-    try:
-        version = importlib.metadata.version("prefect")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    return Path(sys.prefix) / "share" / "ddpflow" / f"prefect-{version}.db"
+    return installed_path("prefect", TEMPLATE_VARIABLE, environ)
 
 
 def database_path(environ: Mapping[str, str] = os.environ) -> Path | None:
@@ -65,30 +56,12 @@ def database_path(environ: Mapping[str, str] = os.environ) -> Path | None:
 
 def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
     """Copy the template to Prefect's database path if there is no database yet; the path
-    copied to, or None. Never replaces a database: the copy is linked into place, which
-    fails if another process created one meanwhile."""
+    copied to, or None. Never replaces a database (ddpflow.db_template.copy_into_place)."""
     target, template = database_path(environ), template_path(environ)
-    if target is None or template is None or target.exists() or not _is_sqlite(template):
+    if target is None or template is None:
         return None
-    try:
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # as Prefect makes it
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".prefect.db.") as partial:
-            with template.open("rb") as source:
-                shutil.copyfileobj(source, partial)
-            partial.flush()
-            os.link(partial.name, target)
-    except OSError:  # a database appeared, or the folder is not ours: Prefect makes its own
-        return None
-    return target
-
-
-def _is_sqlite(path: Path) -> bool:
-    """A readable SQLite file: a broken template must not become a server that cannot start."""
-    try:
-        with path.open("rb") as file:
-            return file.read(len(SQLITE_HEADER)) == SQLITE_HEADER
-    except OSError:
-        return False
+    # 0700: the folder as Prefect makes PREFECT_HOME.
+    return target if copy_into_place(template, target, folder_mode=0o700) else None
 
 
 def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
@@ -99,7 +72,6 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
     target = target or template_path()
     if target is None:
         raise RuntimeError("Prefect is not installed: there is no database to make")
-    target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ddpflow-prefect-home-") as home:
         port = free_port()
         env = {**server_env(), "PREFECT_HOME": home}  # the server a flow starts, elsewhere
@@ -111,12 +83,7 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
         finally:
             server.terminate()
             server.wait(30)
-        partial = target.with_name(f".{target.name}.{os.getpid()}")
-        partial.unlink(missing_ok=True)
-        # VACUUM INTO: one self-contained file, the write-ahead log folded in.
-        with contextlib.closing(sqlite3.connect(Path(home) / "prefect.db")) as db:
-            db.execute("VACUUM INTO ?", (str(partial),))
-        os.replace(partial, target)
+        vacuum_into(Path(home) / "prefect.db", target)
     return target
 
 

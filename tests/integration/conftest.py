@@ -18,6 +18,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from ddpflow import mlflow_store_template
 from ddpflow.cluster import local_cluster
 from ddpflow_flows import prefect_db_template
 from tests.integration.charlm_runs import TINY, final_weights
@@ -72,29 +73,32 @@ def migrated_prefect_db() -> Path:
 
 @functools.cache
 def migrated_mlflow_db() -> Path:
-    """An MLflow SQLite store with its tracking and registry schema, made once per session.
+    """An MLflow SQLite store with its tracking and registry schema: the one `make venv`
+    installs (ddpflow/mlflow_store_template.py), else one made once per test session.
 
     A training's first MLflow call on a fresh store runs every migration: about 4 s of each
     training flow on a loaded 2-core machine. Each project gets a copy of this empty store
     (tests/integration/test_sqlite_store.py creates fresh ones on purpose).
     """
-    from ddpflow.sqlite_store import prepare_sqlite_store
-
+    installed = mlflow_store_template.template_path()
+    if installed is not None and installed.is_file():
+        return installed
     folder = Path(tempfile.mkdtemp(prefix="ddpflow-mlflow-template-"))
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    prepare_sqlite_store(f"sqlite:///{folder / 'mlflow.db'}")
-    return folder / "mlflow.db"
+    return mlflow_store_template.build(folder / "mlflow.db")
 
 
-def project_env(project: Path, prefect_db: bool = True) -> dict[str, str]:
+def project_env(project: Path, first_project: bool = False) -> dict[str, str]:
     """An isolated project: its own artifact folder, MLflow SQLite file and Prefect home,
-    both databases starting migrated and empty (a file already there is kept). Without
-    `prefect_db` the Prefect home starts empty, as a user's first project does."""
-    templates = [(project / "mlflow.db", migrated_mlflow_db)]
-    if prefect_db:
-        templates.append((project / ".prefect" / "prefect.db", migrated_prefect_db))
+    both databases starting migrated and empty (a file already there is kept). With
+    `first_project` neither database is there, as in a user's first project: the flow's own
+    start makes them (from the installed templates, where `make venv` built them)."""
+    templates = [
+        (project / "mlflow.db", migrated_mlflow_db),
+        (project / ".prefect" / "prefect.db", migrated_prefect_db),
+    ]
     for database, template in templates:
-        if not database.exists():
+        if not first_project and not database.exists():
             database.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(template(), database)
     # DASK_* too: a nanny in this test process (a LocalCluster fixture) copies its
@@ -148,14 +152,14 @@ def run_in_project(
     project: Path,
     env: dict[str, str] | None = None,
     timeout_s: float = 600,
-    prefect_db: bool = True,
+    first_project: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """`argv` in the project folder with its isolated environment (project_env) plus `env`;
     output captured, the exit code left to the caller."""
     return subprocess.run(
         argv,
         cwd=project,
-        env={**project_env(project, prefect_db), **(env or {})},
+        env={**project_env(project, first_project), **(env or {})},
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -193,13 +197,13 @@ def run_flow(
     project: Path,
     timeout_s: float = 600,
     env: dict[str, str] | None = None,
-    prefect_db: bool = True,
+    first_project: bool = False,
 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m ddpflow_flows.<module> ...` the way a user does, in the project folder
-    (`prefect_db`: see project_env)."""
+    (`first_project`: see project_env)."""
     project.mkdir(parents=True, exist_ok=True)
     argv = [sys.executable, "-m", f"ddpflow_flows.{module}", *args]
-    return run_in_project(argv, project, env, timeout_s, prefect_db)
+    return run_in_project(argv, project, env, timeout_s, first_project)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import mlflow
 import pytest
 import torch
 
-from ddpflow import storage
+from ddpflow import mlflow_store_template, storage
 from ddpflow.checkpoint import CheckpointStore
 from ddpflow_flows import early_cluster, prefect_db_template
 from tests.integration.conftest import (
@@ -77,12 +77,12 @@ def data_files(artifacts: Path) -> dict[str, tuple[int, int]]:
 def trained(tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("charlm")
     # The speed settings reach the ranks: pinning is asked for, and is a no-op on CPU.
-    # A first project: its Prefect home starts empty, as a user's does.
+    # A first project: no Prefect home and no MLflow store yet, as a user's.
     result = run_flow(
         "train_charlm",
         [*TINY, "--pin-memory", "true", "--precision", "auto"],
         project,
-        prefect_db=False,
+        first_project=True,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     client = project_tracking(project)
@@ -120,6 +120,20 @@ def test_the_first_embedded_api_starts_on_the_installed_database_template(traine
     ]
     runs = prefect_records(trained["project"])["flow_runs"]
     assert [r["state_type"] for r in runs] == ["COMPLETED"], runs
+
+
+# docs/s3-and-servers.md: a project's first run creates its MLflow store from the migrated
+# schema `make venv` built (MLflow logs the line below when it migrates a new store instead),
+# and MLflow adds its Default experiment where it would have on a store it made itself.
+def test_the_first_mlflow_store_is_a_copy_of_the_installed_template(trained):
+    installed = mlflow_store_template.template_path()
+    assert installed is not None and installed.is_file(), f"make venv builds {installed}"
+    assert "Creating initial MLflow database tables" not in trained["stdout"], trained["stdout"][
+        -3000:
+    ]
+    default = trained["client"].get_experiment("0")
+    assert default.name == "Default"
+    assert default.artifact_location == str(trained["project"] / "mlruns" / "0")
 
 
 def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
