@@ -15,7 +15,7 @@ ids of its own), so it can be made once and copied:
   already, or no template of this Prefect version, nothing is copied and Prefect creates its
   database as usual.
 
-Stdlib only: this runs before the flow's own imports.
+Stdlib only (ddpflow.db_template is too): this runs before the flow's own imports.
 """
 
 from __future__ import annotations
