@@ -47,17 +47,15 @@ def seed(database: Path, environ: Mapping[str, str] = os.environ) -> bool:
 def build(target: Path | None = None) -> Path:
     """Create a store's schema in a throw-away folder, keep it at `target` without the
     Default experiment (by default where `seed` looks)."""
-    from mlflow.tracking import MlflowClient  # here: `seed` runs where MLflow is imported
+    # Here: sqlite_store imports this module for `seed`.
+    from ddpflow.sqlite_store import create_schema
 
     target = target or template_path()
     if target is None:
         raise RuntimeError("MLflow is not installed: there is no store to make")
     with tempfile.TemporaryDirectory(prefix="ddpflow-mlflow-store-") as folder:
         database = Path(folder) / "mlflow.db"
-        uri = f"sqlite:///{database}"
-        client = MlflowClient(uri, registry_uri=uri)
-        client.search_experiments(max_results=1)  # the tracking schema
-        client.search_registered_models(max_results=1)  # the registry schema
+        create_schema(f"sqlite:///{database}")
         with closing(sqlite3.connect(database)) as db, db:
             db.execute("DELETE FROM experiments WHERE experiment_id = ?", (DEFAULT_EXPERIMENT_ID,))
         vacuum_into(database, target)

@@ -42,12 +42,18 @@ def prepare_sqlite_store(tracking_uri: str, timeout_s: float = LOCK_TIMEOUT_S) -
         try:
             if mlflow_store_template.seed(database):
                 log.info("MLflow store: %s to %s", mlflow_store_template.SEEDED_FROM, database)
-            client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
-            client.search_experiments(max_results=1)  # the tracking schema
-            client.search_registered_models(max_results=1)  # the registry schema
+            create_schema(tracking_uri)
         finally:
             fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
     _prepared.add(tracking_uri)
+
+
+def create_schema(tracking_uri: str) -> None:
+    """Open the store as MLflow does on first use, which creates what is missing of its
+    tracking and registry schema (and the Default experiment)."""
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    client.search_experiments(max_results=1)  # the tracking schema
+    client.search_registered_models(max_results=1)  # the registry schema
 
 
 def _acquire(fd: int, lock_path: Path, timeout_s: float) -> None:
