@@ -21,15 +21,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	# Prefect's migrated database, copied by a flow's first embedded API instead of 5 s of
-	# migrations (ddpflow_flows/prefect_db_template.py).
-	$(BIN)/python -m ddpflow_flows.prefect_db_template
+	# migrations (flows/prefect_db_template.py).
+	$(BIN)/python -m flows.prefect_db_template
 	# MLflow's migrated SQLite store, copied by a project's first run the same way
-	# (ddpflow/mlflow_store_template.py).
-	$(BIN)/python -m ddpflow.mlflow_store_template
+	# (ddpflow/tracking/store/template.py).
+	$(BIN)/python -m ddpflow.tracking.store.template
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m ddpflow_flows.train_charlm $(ARGS)
+	$(BIN)/python -m flows.train_charlm $(ARGS)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -50,14 +50,14 @@ mlflow-ui: $(STAMP)
 clean:
 	rm -rf artifacts mlartifacts mlruns mlflow.db mlflow.db.lock
 
-# Local production-like stack (ddpflow_infra/README.md), e.g. make stack-up ARGS="--free-ports".
+# Local production-like stack (infra/README.md), e.g. make stack-up ARGS="--free-ports".
 .PHONY: stack-up stack-down stack-status
 
 stack-up: $(STAMP)
-	$(BIN)/python -m ddpflow_infra.stack up $(ARGS)
+	$(BIN)/python -m infra.stack up $(ARGS)
 
 stack-down: $(STAMP)
-	$(BIN)/python -m ddpflow_infra.stack down $(ARGS)
+	$(BIN)/python -m infra.stack down $(ARGS)
 
 stack-status: $(STAMP)
-	$(BIN)/python -m ddpflow_infra.stack status $(ARGS)
+	$(BIN)/python -m infra.stack status $(ARGS)

@@ -18,8 +18,8 @@ import torch
 
 from bench.common import Result, best_of, print_results
 from bench.seed_reference import format_training_data
-from ddpflow.charlm.corpus import load_names
-from ddpflow.charlm.formatting import format_names
+from ddpflow.workloads.charlm.corpus import load_names
+from ddpflow.workloads.charlm.formatting import format_names
 
 SPEED_TARGET = 50.0
 BYTES_TARGET = 30.0

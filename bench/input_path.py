@@ -48,14 +48,15 @@ from torch.utils.data.distributed import DistributedSampler
 
 from bench.common import BENCH_THREADS, Result, median, print_results, stop_cleanly_on_sigterm
 from bench.seed_reference import Model, OurDataset
-from ddpflow.batching import epoch_batches
-from ddpflow.charlm.corpus import load_names
-from ddpflow.charlm.formatting import format_names, one_hot, split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
-from ddpflow.samples import TensorSamples
-from ddpflow.tracking import NullLogger
-from ddpflow.train_loop import FitPlan, fit
+from ddpflow.tracking.loggers import NullLogger
+from ddpflow.training.batching import epoch_batches
+from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training.samples import TensorSamples
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.corpus import load_names
+from ddpflow.workloads.charlm.formatting import format_names, one_hot, split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 Optimizer = torch.optim.Optimizer

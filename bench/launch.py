@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.launch [--quick]
 
-(i)  ddpflow: `python -m ddpflow_flows.train_charlm --epochs 1` as a subprocess in a fresh temporary
+(i)  ddpflow: `python -m flows.train_charlm --epochs 1` as a subprocess in a fresh temporary
      project (its own artifact folder, MLflow SQLite file and PREFECT_HOME, so Prefect's and
      MLflow's databases are created on the way: a first run in a new project). The flow
      starts its Prefect API, a 2-worker LocalCluster, runs pre-flight, download, format,
@@ -11,7 +11,7 @@
      data path, model, batch and step, with nothing around it.
 (iii) warm (full mode, or --warm): the same flow against services that are already up, as a
      deployment has them: a Prefect server and a Dask scheduler with 2 `dask worker`
-     processes started as the stack starts them (ddpflow_infra/services.py, so with WORKER_ENV), and
+     processes started as the stack starts them (infra/services.py, so with WORKER_ENV), and
      a project that has run once (its MLflow database and formatted data exist). The second
      run is measured. Between the two, torchrun runs once more while those services idle:
      a diagnostic of what their presence on the same cores costs any training.
@@ -255,7 +255,7 @@ def record(
     key: str, results: list[Result], load_before: tuple[float, ...], started: float, argv: list[str]
 ) -> None:
     """The rows, the machine, the date and the load, merged into results/latest.json."""
-    from ddpflow.cluster import WORKER_CONFIG  # the worker settings the flow's cluster had
+    from ddpflow.cluster.workers import WORKER_CONFIG
 
     path = Path(__file__).resolve().parent / "results" / "latest.json"
     report = json.loads(path.read_text()) if path.exists() else {}

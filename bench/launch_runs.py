@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bench.launch_timing import BATCH_SIZE, LOG_EVERY, WORLD_SIZE, Timeline, stages, timeline
-from ddpflow.charlm.corpus import load_names
+from ddpflow.workloads.charlm.corpus import load_names
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -90,7 +90,7 @@ def run_flow(
     run of the project: a project may be run more than once). `extra_env` may point the
     flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there."""
     project.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "ddpflow_flows.train_charlm", "--epochs", "1", "--source", source]
+    cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
     cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1", "--world-size", str(world_size)]
     log = project / f"{tag}.log"
     env = {**_project_env(project, world_size), **(extra_env or {})}
@@ -126,8 +126,8 @@ def run_warm(
     """The flow on services that are already up, in a project that has run once; and
     torchrun beside those services while they idle (before the flow runs), which shows what
     their presence on the same cores costs any training."""
-    from ddpflow_infra.procs import free_port, stop
-    from ddpflow_infra.services import start_dask, start_prefect_server
+    from infra.procs import free_port, stop
+    from infra.services import start_dask, start_prefect_server
 
     logs = root / "warm-services"
     logs.mkdir()

@@ -2,11 +2,11 @@
 
     .venv/bin/python -m bench.multihost [--quick]     (root: it builds network namespaces)
 
-Two clusters from ddpflow_infra.netns_cluster, each with its Dask scheduler on a `head` host and
+Two clusters from infra.netns_cluster, each with its Dask scheduler on a `head` host and
 its Prefect server, MLflow server and S3 endpoint on the bridge:
 (i)  two hosts, one Dask worker each: 2 ranks whose gloo traffic crosses the bridge;
 (ii) one host with two Dask workers: the same 2 ranks, all traffic on that host.
-On each, `python -m ddpflow_flows.train_charlm --epochs 1` runs twice (the first warms the cluster,
+On each, `python -m flows.train_charlm --epochs 1` runs twice (the first warms the cluster,
 the project and its data), and the second run is measured as bench.launch measures a flow:
 time from launch to the first completed step, and the steady samples/s (median of the
 20-step windows after the first). Each ratio is two hosts / one host.
@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.common import Result, print_results, stop_cleanly_on_sigterm
 from bench.launch_runs import QUICK_NAMES, run_flow, source_file
 from bench.launch_timing import Timeline
-from ddpflow_infra.netns_cluster import NetnsCluster, netns_cluster
+from infra.netns_cluster import NetnsCluster, netns_cluster
 
 LAYOUTS = {"two hosts": {"a": 1, "b": 1}, "one host": {"a": 2}}
 STEADY_TARGET = 0.95

@@ -4,7 +4,8 @@
 
 The same small training through `train_loop.fit` itself (one process, one thread, no
 process group, a null logger, no checkpoint, validation replaced by a constant) with each
-setting of `ddpflow.speed`: the ResNet-18 image workload (uint8 images, random labels) and
+setting of `ddpflow.training.speed.device`: the ResNet-18 image workload (uint8 images,
+random labels) and
 the pet-name LSTM (4x128, batch 512). Each round trains one short epoch per setting, in
 turn; round 0 is warm-up and dropped. The figure is the median over rounds of the paired
 ratio setting/fp32 of fit's own samples/s, so load that changes during the run hits both
@@ -28,14 +29,16 @@ import torch
 from torch import nn
 
 from bench.common import BENCH_THREADS, load_average, machine, median, stop_cleanly_on_sigterm
-from ddpflow.charlm.formatting import split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
 from ddpflow.distributed.context import RankContext
-from ddpflow.metric_loggers import NullLogger
-from ddpflow.samples import TensorSamples
-from ddpflow.speed import SpeedError, SpeedSettings
-from ddpflow.train_loop import FitHooks, FitPlan, fit
-from ddpflow.vision.model import build_resnet
+from ddpflow.tracking.loggers import NullLogger
+from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.samples import TensorSamples
+from ddpflow.training.speed.device import resolve_speed
+from ddpflow.training.speed.settings import SpeedError, SpeedSettings
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.formatting import split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
+from ddpflow.workloads.vision.model import build_resnet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 CPU = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
@@ -79,7 +82,7 @@ def _workload(name: str, quick: bool) -> tuple[Callable[[], nn.Module], Any, Any
 def _prepare(settings: SpeedSettings, factory, probe, images: bool) -> tuple[Any, Any] | str:
     """(model, optimizer, speed), or why this setting cannot run here."""
     try:
-        speed = settings.resolve(CPU.device, images=images)
+        speed = resolve_speed(settings, CPU.device, images=images)
         torch.manual_seed(0)
         model = speed.apply_to_model(factory())
         speed.check_runs(model, *probe)

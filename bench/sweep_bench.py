@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.sweep_bench [--trials 4] [--epochs 2] [--hidden-size 32]
 
-Both modes run the sweep's own code path (`ddpflow.sweep.run_trial`, MLflow child runs,
+Both modes run the sweep's own code path (`ddpflow.workloads.sweep.run_trial`, MLflow child runs,
 checkpoints) on the same formatted corpus; only the launch differs. On the cluster each
 trial is one rank pinned to a worker (1 torch thread per worker, trials side by side); the
 baseline trains each trial in this one process with torch's default thread count. Cluster
@@ -24,13 +24,15 @@ import torch
 
 from bench.common import stop_cleanly_on_sigterm
 from ddpflow.api import rank_entry
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.charlm.data import fetch_corpus, format_corpus
-from ddpflow.charlm.training import CharLMTrainJob
-from ddpflow.cluster import local_cluster
+from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed import RankSpec, cluster_workers, launch
 from ddpflow.distributed.context import find_free_port, process_group
-from ddpflow.sweep import (
+from ddpflow.tracking.run import start_run
+from ddpflow.training.result import TrainResult
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
+from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
+from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.sweep import (
     SweepSetup,
     TrialOutcome,
     TrialSpec,
@@ -40,8 +42,6 @@ from ddpflow.sweep import (
     run_trial,
     trial_rank,
 )
-from ddpflow.tracking import start_run
-from ddpflow.train_loop import TrainResult
 
 TIMEOUT_S = 600.0
 
@@ -69,7 +69,8 @@ def on_cluster(
     started = time.perf_counter()
     with local_cluster(num_workers) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(num_workers, timeout=120)
-        client.run(importlib.import_module, "ddpflow.sweep.trial")  # torch + mlflow imports
+        # torch + mlflow imports
+        client.run(importlib.import_module, "ddpflow.workloads.sweep.trial")
         startup_s = time.perf_counter() - started
         workers = sorted(cluster_workers(client))
 

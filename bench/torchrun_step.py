@@ -6,7 +6,7 @@
 Same data path (clean, split by name, uint8 windows), same model, batch, seed, index batches
 and step as the flow's ranks, but launched by torchrun: no Prefect, no Dask, no MLflow and no
 checkpoint. The epoch loop copies `train_loop._train_epoch` line for line instead of calling
-`fit`, because importing `ddpflow.train_loop` imports MLflow (about 1 s per process), which a
+`fit`, because importing `ddpflow.training.loop` imports MLflow (about 1 s per process), which a
 bare launch would not pay. Keep the two in step.
 
 Rank 0 prints one JSON line: the launch timestamp (BENCH_LAUNCH_TS, seconds since the epoch,
@@ -26,10 +26,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ddpflow.batching import epoch_batches
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH, load_names, split_holdout
-from ddpflow.charlm.formatting import format_names, split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+from ddpflow.training.batching import epoch_batches
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH, load_names, split_holdout
+from ddpflow.workloads.charlm.formatting import format_names, split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

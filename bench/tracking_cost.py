@@ -33,12 +33,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from bench.common import BENCH_THREADS, Result, print_results, stop_cleanly_on_sigterm
-from ddpflow.batching import epoch_batches
-from ddpflow.charlm.corpus import load_names, split_holdout
-from ddpflow.charlm.formatting import format_names, split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, record_checkpoint
-from ddpflow.tracking import MlflowLogger, default_artifact_location, start_run
+from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, record_checkpoint
+from ddpflow.tracking.loggers import MlflowLogger
+from ddpflow.tracking.run import default_artifact_location, start_run
+from ddpflow.training.batching import epoch_batches
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.corpus import load_names, split_holdout
+from ddpflow.workloads.charlm.formatting import format_names, split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
 
 TARGET_PERCENT = 2.0
 BATCH_SIZE = 512

@@ -26,7 +26,7 @@ JOBS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 RARE_JOBS = (("find-missing",), ())
 ALL_OFF = "all of the above off"
 PROFILER_ON = "sampling profiler on (10 ms)"
-# ddpflow.cluster.WORKER_CONFIG's intervals (ms), in workers and nannies alike.
+# ddpflow.cluster.workers.WORKER_CONFIG's intervals (ms), in workers and nannies alike.
 DDPFLOW = "ddpflow's intervals (1 s, 2 s, 1 s)"
 DDPFLOW_MS = {"tick": 1000, "monitor": 2000, "memory_monitor": 1000}
 VARIANTS = ["dask defaults", *JOBS, ALL_OFF, PROFILER_ON, DDPFLOW]

@@ -66,7 +66,7 @@ def _config() -> dict[str, Any]:
 @functools.cache
 def _windows(num_names: int) -> torch.Tensor:
     from bench.torchrun_step import _train_windows
-    from ddpflow.charlm.corpus import load_names
+    from ddpflow.workloads.charlm.corpus import load_names
 
     names, _ = load_names()
     path = Path(tempfile.gettempdir()) / f"ddpflow-bench-overhead-{num_names}.json"
@@ -77,9 +77,10 @@ def _windows(num_names: int) -> torch.Tensor:
 
 def rank_rate(rank: int, port: int, steps: int, num_names: int) -> float:
     """Join a 2-rank gloo group, train `steps` steps after 3 warm-up ones; global samples/s."""
-    from ddpflow.batching import epoch_batches
-    from ddpflow.charlm.formatting import split_xy
-    from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
+    from ddpflow.training.batching import epoch_batches
+    from ddpflow.workloads.charlm.config import CharLSTMConfig
+    from ddpflow.workloads.charlm.formatting import split_xy
+    from ddpflow.workloads.charlm.model import CharLSTM
 
     torch.set_num_threads(1)
     data = _windows(num_names)
@@ -116,7 +117,7 @@ def _bare_rank(rank: int, jobs: Any, answers: Any) -> None:
 
 
 def measure(rounds: int, steps: int, num_names: int, variants: list[str]) -> dict[str, list[float]]:
-    from ddpflow.cluster import _fork_workers_from_a_preloaded_server
+    from ddpflow.cluster.build import _fork_workers_from_a_preloaded_server
 
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     rates: dict[str, list[float]] = {v: [] for v in ["bare", *variants]}

@@ -22,23 +22,24 @@ if TYPE_CHECKING:
         WorkersNotBack,
     )
     from ddpflow.distributed.failures import LaunchError
-    from ddpflow.fitting import fit
-    from ddpflow.samples import Samples, TensorPairs, TensorSamples
-    from ddpflow.train_context import Stateful, TrainContext
-    from ddpflow.train_loop import EpochStats, FitHooks
-    from ddpflow_tasks.ddp import run_in_flow
+    from ddpflow.training.context import Stateful, TrainContext
+    from ddpflow.training.fit import fit
+    from ddpflow.training.loop import FitHooks
+    from ddpflow.training.result import EpochStats
+    from ddpflow.training.samples import Samples, TensorPairs, TensorSamples
+    from tasks.ddp import run_in_flow
 
 _EXPORTS = {
     "run": "ddpflow.api",
-    "fit": "ddpflow.fitting",
-    "FitHooks": "ddpflow.train_loop",
-    "EpochStats": "ddpflow.train_loop",
-    "Samples": "ddpflow.samples",
-    "TensorSamples": "ddpflow.samples",
-    "TensorPairs": "ddpflow.samples",
-    "run_in_flow": "ddpflow_tasks.ddp",
-    "TrainContext": "ddpflow.train_context",
-    "Stateful": "ddpflow.train_context",
+    "fit": "ddpflow.training.fit",
+    "FitHooks": "ddpflow.training.loop",
+    "EpochStats": "ddpflow.training.loop",
+    "Samples": "ddpflow.training.samples",
+    "TensorSamples": "ddpflow.training.samples",
+    "TensorPairs": "ddpflow.training.samples",
+    "run_in_flow": "tasks.ddp",
+    "TrainContext": "ddpflow.training.context",
+    "Stateful": "ddpflow.training.context",
     "Restart": "ddpflow.distributed.elastic",
     "RestartsExhausted": "ddpflow.distributed.elastic",
     "RepeatedFailure": "ddpflow.distributed.elastic",

@@ -23,19 +23,11 @@ import distributed
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
-from ddpflow.redact import redact_url
-from ddpflow.tracking import (
-    RunRef,
-    close_logger,
-    end_run,
-    failed_on_error,
-    log_restart,
-    logger_for_rank,
-    spool_folder,
-    start_run,
-)
-from ddpflow.tracking_spool import Unsent
-from ddpflow.train_settings import TrainSettings, check_seed
+from ddpflow.storage.redact import redact_url
+from ddpflow.tracking.loggers import RunRef, close_logger, logger_for_rank, spool_folder
+from ddpflow.tracking.run import end_run, failed_on_error, log_restart, start_run
+from ddpflow.tracking.spool import Unsent
+from ddpflow.training.settings import TrainSettings, check_seed
 
 R = TypeVar("R")
 
@@ -70,7 +62,7 @@ def run(
     timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
     on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
     progress_topic: a Dask event topic on which ddpflow.fit posts rank 0's step progress
-        (ddpflow.training_progress.StepProgress as a dict); follow it with
+        (ddpflow.training.progress.events.StepProgress as a dict); follow it with
         client.subscribe_topic. run_in_flow uses it for the task's progress artifact.
     Raises ValueError/TypeError for bad input before any work, and a LaunchError
     (RestartsExhausted, RepeatedFailure, WorkersNotBack) when the group cannot finish.
@@ -132,7 +124,7 @@ def rank_entry(
         logger = logger_for_rank(rank_ctx.is_main, ref, spool)
     unsent: list[Unsent] = []
     # Imported on the rank: the launching process (a flow's) starts without torch.
-    from ddpflow.train_context import TrainContext
+    from ddpflow.training.context import TrainContext
 
     try:
         result = train(TrainContext(rank_ctx, settings, logger), *args)

@@ -23,7 +23,7 @@ STORE_OUTAGE_ENV = "DDPFLOW_STORE_OUTAGE_S"
 # (a restart, a network blip) with room to spare.
 DEFAULT_STORE_OUTAGE_S = 300.0
 DEFAULT_NUM_WORKERS = 2
-# Which Dask cluster the flows run on (ddpflow.cluster builds each one).
+# Which Dask cluster the flows run on (ddpflow.cluster.build builds each one).
 CLUSTER_KINDS = ("local", "address", "cuda", "jobqueue", "kubernetes")
 
 

@@ -1,10 +1,10 @@
 """The types of the flows' parameters: bounds and help, declared once.
 
 A flow parameter's type, bounds and help are these annotated types (or a field of a model in
-ddpflow_flows.params built on them); its default is in ddpflow_flows.defaults. The trial fields
+flows.params built on them); its default is in flows.defaults. The trial fields
 (seed to dropout, the first group below) are what a sweep trial may set. Each type carries its
 bounds as pydantic metadata: the flows' parameter models
-(ddpflow_flows.params) validate with them and the sweep's per-trial check (ddpflow.sweep.config)
+(flows.params) validate with them and the sweep's per-trial check (ddpflow.workloads.sweep.config)
 reads them, so a bound is never written twice. Each `Field(...)` in a type is one check
 with one message in a trial's report: a range given in one Field reads "must be between 1
 and 64", bounds given in separate Fields are reported separately (a seed below 0 is told
@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field
 from pydantic.fields import FieldInfo
 
-from ddpflow.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED
 
 Seed = Annotated[
     int, Field(ge=0, description="data order, initial weights and sampling"), Field(le=MAX_SEED)
@@ -38,7 +38,7 @@ Fraction = Annotated[float, Field(gt=0, lt=1)]
 KeepLast = Annotated[
     int, Field(ge=1, description="checkpoints kept per run (step checkpoints count too)")
 ]
-# Checkpoints inside an epoch (ddpflow.step_checkpoints); 0 turns each trigger off.
+# Checkpoints inside an epoch (ddpflow.checkpoint.steps); 0 turns each trigger off.
 CheckpointEverySteps = Annotated[
     int, Field(ge=0, description="also a checkpoint every that many steps of an epoch; 0: off")
 ]
@@ -69,7 +69,7 @@ WorldSize = Annotated[
 ]
 ModelName = Annotated[str, Field(min_length=1, description="MLflow registered model")]
 Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]
-# Speed settings (ddpflow.speed): "auto" picks per device on each rank (fp32, no
+# Speed settings (ddpflow.training.speed.device): "auto" picks per device on each rank (fp32, no
 # channels_last and no pinning on CPU).
 Precision = Annotated[
     Literal["auto", "fp32", "bf16", "fp16"],

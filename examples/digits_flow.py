@@ -15,8 +15,8 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 import ddpflow
-from ddpflow_flows.runner import dask_task_runner
 from examples.digits_fit import train
+from flows.runner import dask_task_runner
 
 
 @flow(name="digits", task_runner=dask_task_runner(), log_prints=True)

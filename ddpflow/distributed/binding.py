@@ -10,7 +10,7 @@ name that builds a stock ProcessGroupGloo with that device.
 
 NCCL's bootstrap does not use the host name (it skips loopback and docker interfaces by
 default) and reads its interface only from NCCL_SOCKET_IFNAME, which must be in the worker's
-environment when it starts (ddpflow.cluster.nccl_interface_env for the jobs it submits).
+environment when it starts (ddpflow.cluster.build.nccl_interface_env for the jobs it submits).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 import distributed
 
+from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
-from ddpflow.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -158,8 +158,8 @@ def _raise_if_repeated(error: LaunchError, previous: set[str], attempt: int) -> 
 
 def _wait_for_leavers(client: distributed.Client, error: LaunchError) -> None:
     """Wait until the workers asked to leave (SIGTERM, their nanny closing, retired) are gone:
-    each closes once its rank has stopped (ddpflow.graceful_stop), and a relaunch that took it
-    again would fail when it does."""
+    each closes once its rank has stopped (ddpflow.distributed.graceful_stop), and a relaunch
+    that took it again would fail when it does."""
     leaving = {f.worker_address for f in error.failures if STOP_CAUSE in f.cause}
     deadline = time.monotonic() + DEFAULT_GRACE_S + RESULT_DELAY_S + 5
     while leaving & set(cluster_workers(client)) and time.monotonic() < deadline:

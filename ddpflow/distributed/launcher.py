@@ -23,6 +23,7 @@ from ddpflow.distributed.context import (
     progress_topic,
 )
 from ddpflow.distributed.failures import LaunchError, RankFailure, describe
+from ddpflow.distributed.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
 from ddpflow.distributed.planning import (
     RankAssignment,
     choose_backend,
@@ -45,7 +46,6 @@ from ddpflow.distributed.watchdog import (
     rank_started,
     unbind_thread,
 )
-from ddpflow.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@
 away), and only then does the worker close. Its rank's task is dropped with it, so the rank's
 StopRequested never arrives as a result: the launcher would see "its worker left the
 cluster" and relaunch while the group is still on its way to the checkpoint. Instead, the
-worker's GracefulStop teardown (ddpflow.graceful_stop) posts Dask events on STOP_TOPIC:
+worker's GracefulStop teardown (ddpflow.distributed.graceful_stop) posts Dask events on STOP_TOPIC:
 "stopping" when it asks its ranks to stop, "stopped" once none runs. A worker that left and
 posted "stopping" is waited for: until the group's other ranks have returned (they stop at
 the same step) and the leaver has posted "stopped", at most the grace period.
@@ -18,7 +18,7 @@ from typing import Any
 
 import distributed
 
-from ddpflow.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_TOPIC
+from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_TOPIC
 
 EVENTS_S = 30.0  # the scheduler answers in milliseconds unless it is gone
 # A worker the scheduler removed on request posts "stopping" within milliseconds (measured:

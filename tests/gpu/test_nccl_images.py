@@ -29,13 +29,13 @@ pytestmark = [
 ]
 
 
-# `python -m ddpflow_flows.train_images --world-size 2 --epochs 2`, with the launcher's INFO line
+# `python -m flows.train_images --world-size 2 --epochs 2`, with the launcher's INFO line
 # ("launching 2 ranks (nccl) on ...") shown.
 RUN_IMAGES_WITH_LAUNCHER_LOG = """
 import logging, runpy, sys
 logging.getLogger("ddpflow.distributed.launcher").setLevel(logging.INFO)
 sys.argv = ["train_images", "--world-size", "2", "--epochs", "2"]
-runpy.run_module("ddpflow_flows.train_images", run_name="__main__")
+runpy.run_module("flows.train_images", run_name="__main__")
 """
 
 
@@ -77,8 +77,8 @@ def test_two_ranks_all_reduce_over_nccl_on_two_gpus(gpu_workers) -> None:
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("ddpflow_flows.train_images") is None,
-    reason="ddpflow_flows.train_images (the image workload) is not in this checkout",
+    importlib.util.find_spec("flows.train_images") is None,
+    reason="flows.train_images (the image workload) is not in this checkout",
 )
 def test_image_flow_trains_with_two_nccl_ranks(gpu_workers, tmp_path: Path) -> None:
     cluster, _, _ = gpu_workers
@@ -110,7 +110,7 @@ def test_the_cuda_kind_runs_nccl_ranks_one_per_gpu() -> None:
     its worker's cuda:0 (a different physical GPU per rank)."""
     import distributed
 
-    from ddpflow.cluster import build_cluster
+    from ddpflow.cluster.build import build_cluster
     from ddpflow.distributed import launch
 
     with (

@@ -9,7 +9,7 @@ import os
 from prefect import flow
 
 import ddpflow
-from ddpflow_flows.runner import dask_task_runner
+from flows.runner import dask_task_runner
 from tests.integration.api_train_functions import KillReportedPid, digits_killed_after_checkpoint
 
 

@@ -14,8 +14,8 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.checkpoint import CheckpointStore
+from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 
 EPOCHS = 3
 SMALL_CORPUS_NAMES = 16_000

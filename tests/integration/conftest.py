@@ -18,9 +18,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from ddpflow import mlflow_store_template
-from ddpflow.cluster import local_cluster
-from ddpflow_flows import prefect_db_template
+from ddpflow.cluster.build import local_cluster
+from ddpflow.tracking.store import template as mlflow_store_template
+from flows import prefect_db_template
 from tests.integration.charlm_runs import TINY, final_weights
 from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
@@ -56,7 +56,7 @@ def slurm(tmp_path_factory) -> Iterator[Slurm]:
 @functools.cache
 def migrated_prefect_db() -> Path:
     """A Prefect database with every migration applied: the one `make venv` installs
-    (ddpflow_flows/prefect_db_template.py), else one made once per test session.
+    (flows/prefect_db_template.py), else one made once per test session.
 
     A flow run without PREFECT_API_URL starts Prefect's embedded API, which on a fresh
     database first runs every migration: about 15 s of each flow run's start on a loaded
@@ -74,7 +74,7 @@ def migrated_prefect_db() -> Path:
 @functools.cache
 def migrated_mlflow_db() -> Path:
     """An MLflow SQLite store with its tracking and registry schema: the one `make venv`
-    installs (ddpflow/mlflow_store_template.py), else one made once per test session.
+    installs (ddpflow/tracking/store/template.py), else one made once per test session.
 
     A training's first MLflow call on a fresh store runs every migration: about 4 s of each
     training flow on a loaded 2-core machine. Each project gets a copy of this empty store
@@ -199,10 +199,10 @@ def run_flow(
     env: dict[str, str] | None = None,
     first_project: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `python -m ddpflow_flows.<module> ...` the way a user does, in the project folder
+    """Run `python -m flows.<module> ...` the way a user does, in the project folder
     (`first_project`: see project_env)."""
     project.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", f"ddpflow_flows.{module}", *args]
+    argv = [sys.executable, "-m", f"flows.{module}", *args]
     return run_in_project(argv, project, env, timeout_s, first_project)
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import distributed
 
+from ddpflow.checkpoint.steps import CheckpointClock, CheckpointSchedule
 from ddpflow.distributed import RankContext
-from ddpflow.graceful_stop import StopRequested
-from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule
+from ddpflow.distributed.graceful_stop import StopRequested
 
 CONTROL_EVERY = 20
 

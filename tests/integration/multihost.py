@@ -1,5 +1,5 @@
 """The multi-host tests' cluster: three hosts made of network namespaces
-(ddpflow_infra.netns_cluster).
+(infra.netns_cluster).
 
 `head` runs the Dask scheduler, `a` and `b` one Dask worker each under a restart loop; the
 Prefect server, the MLflow server and moto listen on the bridge address. The S3 keys are the
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ddpflow_infra.netns_cluster import BUCKET, NetnsCluster, netns_cluster
+from infra.netns_cluster import BUCKET, NetnsCluster, netns_cluster
 from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
 
 __all__ = ["BUCKET", "MultiHost", "loopback_forwarder", "multihost_cluster"]

@@ -14,7 +14,7 @@ import dask
 import distributed
 from distributed import Nanny, Scheduler, SpecCluster
 
-from ddpflow.cluster import WORKER_CONFIG
+from ddpflow.cluster.workers import WORKER_CONFIG
 
 
 @contextmanager

@@ -10,7 +10,7 @@ import boto3
 import pytest
 import s3fs
 
-from ddpflow_infra.services import Service, create_bucket, free_port, start_mlflow, start_moto, stop
+from infra.services import Service, create_bucket, free_port, start_mlflow, start_moto, stop
 
 # Moto accepts any key unless auth is switched on; these are distinctive so a leak is found.
 ACCESS_KEY = "AKIADDPFLOWTESTKEY42"

@@ -1,4 +1,4 @@
-"""A few rows of tests/unit/test_bad_inputs.py through `python -m ddpflow_flows.<name>`, as a user
+"""A few rows of tests/unit/test_bad_inputs.py through `python -m flows.<name>`, as a user
 runs them: each exits 1 with one line naming the input and the fix, and nothing the
 project already stored changes. The image folder row holds a FIFO, a link to /dev/zero and
 a link out of the folder: the real listing must name all three within 2 minutes."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow.batching import MAX_SEED
-from ddpflow_infra.services import free_port
+from ddpflow.training.batching import MAX_SEED
+from infra.services import free_port
 from tests.integration.conftest import run_flow
 from tests.pngs import png
 

@@ -16,11 +16,11 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.champion import CHAMPION_ALIAS, promote
-from ddpflow.charlm.evaluation import register_model
-from ddpflow.registry import RegistryError
-from ddpflow.tracking import RunRef
-from ddpflow_infra.services import free_port, start_mlflow, stop
+from ddpflow.registry.read import RegistryError
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote
+from ddpflow.workloads.charlm.evaluation import register_model
+from infra.services import free_port, start_mlflow, stop
 from tests.unit.champion_helpers import (
     constant_model,
     start_checkpointed_run,

@@ -19,14 +19,14 @@ from pathlib import Path
 import distributed
 import pytest
 
-from ddpflow.cluster import build_cluster, local_cluster
+from ddpflow.cluster.build import build_cluster, local_cluster
 from ddpflow.config import Settings
 from ddpflow.distributed import RankContext, launch
-from ddpflow_flows import runner
-from ddpflow_infra.cluster_specs import job_script
+from flows import runner
+from infra.cluster_specs import job_script
 
 pytestmark = pytest.mark.integration
-INFRA = Path(__file__).resolve().parents[2] / "ddpflow_infra"
+INFRA = Path(__file__).resolve().parents[2] / "infra"
 
 
 def test_local_kind_builds_workers_times_threads(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_cuda_kind_builds_a_local_cuda_cluster_with_rotated_devices(
     """
     monkeypatch.setenv("DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC", "1")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("ddpflow_flows.runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr("flows.runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
     options = {"CUDA_VISIBLE_DEVICES": "0,1", "device_memory_limit": None, "n_workers": 2}
     env = {"DDPFLOW_CLUSTER": "cuda", "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options)}
     task_runner = runner.dask_task_runner(Settings.from_env(env, project_dir=tmp_path))

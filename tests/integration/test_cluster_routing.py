@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ddpflow.cluster import task_placement
+from ddpflow.cluster.build import task_placement
 from ddpflow.distributed import PlanError, RankContext, launch
 from tests.integration.resource_cluster import resource_cluster
 
@@ -135,7 +135,7 @@ def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    from ddpflow_flows.runner import PlacingDaskTaskRunner
+    from flows.runner import PlacingDaskTaskRunner
 
     @task
     def where(seconds: float) -> str:

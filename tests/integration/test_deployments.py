@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import ddpflow_infra.stack
-from ddpflow_infra.state import client_env
+import infra.stack
+from infra.state import client_env
 from tests.integration.prefect_api import (
     FINAL_STATES,
     artifacts,
@@ -39,7 +39,7 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
     stack_dir = tmp_path_factory.mktemp("stack")
     patch = pytest.MonkeyPatch()
     patch.setattr(
-        ddpflow_infra.stack,
+        infra.stack,
         "client_env",
         lambda ports: {
             **client_env(ports),
@@ -48,13 +48,13 @@ def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
         },
     )
     try:
-        state = ddpflow_infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
+        state = infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
         # This process's MlflowClient logs in to the stack's MLflow like every other client.
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             patch.setenv(key, state.env[key])
         yield state.env
     finally:
-        ddpflow_infra.stack.stop_stack(stack_dir)
+        infra.stack.stop_stack(stack_dir)
         patch.undo()
 
 

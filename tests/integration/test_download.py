@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from ddpflow import storage
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.charlm.data import fetch_corpus
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
+from ddpflow.workloads.charlm.data import fetch_corpus
 from tests.integration.s3_servers import s3_client, without_aws_credentials
 
 pytestmark = pytest.mark.integration

@@ -1,5 +1,5 @@
-"""The embedded Prefect API a flow's command line starts early (ddpflow_flows/early_api.py): real
-processes, `python -m ddpflow_flows.train_charlm` and its uvicorn server, no mocks."""
+"""The embedded Prefect API a flow's command line starts early (flows/early_api.py): real
+processes, `python -m flows.train_charlm` and its uvicorn server, no mocks."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_server_dies_with_a_flow_process_killed_by_sigkill(tmp_path):
     chance to clean up (SIGKILL, the OOM killer) takes it along instead of leaving an
     orphan holding a port and the Prefect database."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ddpflow_flows.train_charlm", *TINY],
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
         cwd=tmp_path,
         env={**project_env(tmp_path), "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,

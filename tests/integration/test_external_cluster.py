@@ -24,8 +24,8 @@ import distributed
 import psutil
 import pytest
 
-from ddpflow_infra.procs import Service, pid_alive
-from ddpflow_infra.services import free_port, start_dask, start_prefect_server, stop
+from infra.procs import Service, pid_alive
+from infra.services import free_port, start_dask, start_prefect_server, stop
 from tests.integration.conftest import REPO, project_env, project_tracking, run_flow
 
 pytestmark = pytest.mark.integration
@@ -239,8 +239,8 @@ def test_preflight_stops_a_flow_whose_workers_cannot_reach_its_api(tmp_path: Pat
 
 def test_worker_probe_names_each_worker_and_is_bounded(tmp_path: Path) -> None:
     """The check itself on real workers: a closed port fails within seconds, naming both."""
-    from ddpflow.preflight import PreflightError
-    from ddpflow_flows.preflight import check_workers_reach_flow_api
+    from ddpflow.preflight.checks import PreflightError
+    from flows.preflight import check_workers_reach_flow_api
 
     mark = uuid.uuid4().hex
     closed = f"http://127.0.0.1:{free_port()}/api"

@@ -22,10 +22,9 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow import graceful_stop
-from ddpflow.cluster import local_cluster
-from ddpflow.distributed import watchdog
-from ddpflow_infra.services import free_port, start_prefect_server, stop
+from ddpflow.cluster.build import local_cluster
+from ddpflow.distributed import graceful_stop, watchdog
+from infra.services import free_port, start_prefect_server, stop
 from tests.integration.charlm_runs import (
     EPOCHS,
     TINY,
@@ -62,7 +61,7 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
 
 
 def start_flow(project: Path, cluster: dict, *args: str) -> subprocess.Popen[str]:
-    return start_module(project, cluster, "ddpflow_flows.train_charlm", *TINY, *args)
+    return start_module(project, cluster, "flows.train_charlm", *TINY, *args)
 
 
 def start_module(project: Path, cluster: dict, module: str, *args: str) -> subprocess.Popen[str]:
@@ -324,7 +323,7 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
     (its new address), not on the dead address, as does everything after it."""
     tiny = ["--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024"]
     trials = json.dumps(SWEEP_TRIALS)
-    proc = start_module(tmp_path, cluster, "ddpflow_flows.sweep_charlm", "--trials", trials, *tiny)
+    proc = start_module(tmp_path, cluster, "flows.sweep_charlm", "--trials", trials, *tiny)
     wait_for_checkpoint(tmp_path, 1, proc)
     killed = sorted(cluster["client"].run(os.getpid))[-1]
     os.kill(cluster["client"].run(os.getpid)[killed], signal.SIGKILL)

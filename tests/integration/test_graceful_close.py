@@ -13,7 +13,7 @@ from pathlib import Path
 import distributed
 import pytest
 
-from ddpflow.cluster import local_cluster
+from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from tests.integration.leave_ranks import CONTROL_EVERY, steps_until_asked
 

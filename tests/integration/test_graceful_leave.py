@@ -19,12 +19,13 @@ from pathlib import Path
 import distributed
 import pytest
 
-from ddpflow.cluster import WORKER_ENV, local_cluster
+from ddpflow.cluster.build import local_cluster
+from ddpflow.cluster.workers import WORKER_ENV
 from ddpflow.distributed.supervision import cluster_workers
-from ddpflow_infra.dask_service import LOOPBACK_HTTP
-from ddpflow_infra.procs import Service, spawn, stop
-from ddpflow_infra.runtime import BIN, base_env
-from ddpflow_infra.services import free_port, start_prefect_server
+from infra.dask_service import LOOPBACK_HTTP
+from infra.procs import Service, spawn, stop
+from infra.runtime import BIN, base_env
+from infra.services import free_port, start_prefect_server
 from tests.integration.charlm_runs import (
     EPOCHS,
     assert_same_metrics,

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from ddpflow.vision.digits import digits_pngs, write_digits
-from ddpflow.vision.reports import read_confusion_csv
-from ddpflow.vision.split import num_held_out
+from ddpflow.workloads.vision.digits import digits_pngs, write_digits
+from ddpflow.workloads.vision.reports import read_confusion_csv
+from ddpflow.workloads.vision.split import num_held_out
 from tests.integration.conftest import project_tracking, run_flow
 from tests.integration.s3_servers import (
     ACCESS_KEY,

@@ -22,7 +22,7 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow_infra.services import free_port, start_mlflow, start_prefect_server, stop
+from infra.services import free_port, start_mlflow, start_prefect_server, stop
 from tests.integration.conftest import REPO, run_flow
 
 pytestmark = pytest.mark.integration

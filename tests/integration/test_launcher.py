@@ -14,12 +14,13 @@ import torch
 import torch.distributed as dist
 
 from ddpflow.api import rank_entry
-from ddpflow.charlm.data import fetch_corpus, format_corpus
-from ddpflow.charlm.model import CharLSTMConfig
-from ddpflow.charlm.training import CharLMTrainJob, train_rank
 from ddpflow.distributed import LaunchError, RankContext, launch
 from ddpflow.distributed.elastic import RepeatedFailure, launch_with_restarts
-from ddpflow.tracking import metric_history, start_run
+from ddpflow.tracking.run import metric_history, start_run
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
+from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.charlm.training import train_rank
 from tests.integration.rank_functions import stuck_once
 
 pytestmark = pytest.mark.integration
@@ -165,7 +166,7 @@ def test_a_worker_lost_while_the_group_starts_is_named_not_only_its_peers_error(
 
 
 def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
-    from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
+    from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 
     root = str(tmp_path / "artifacts")
     corpus = format_corpus(fetch_corpus(str(DEFAULT_CORPUS_PATH), root).uri, root, 0.1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import pytest
 
-from ddpflow.cluster import build_cluster
+from ddpflow.cluster.build import build_cluster
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,6 @@
 """DDP across hosts: network namespaces on a bridge, one Dask worker per host.
 
-The cluster, its servers and what each host runs are described in ddpflow_infra/netns_cluster.py.
+The cluster, its servers and what each host runs are described in infra/netns_cluster.py.
 Every flow runs as a user's would, on the head node, with the servers' bridge addresses in its
 environment and nothing on the workers but the S3 keys.
 """
@@ -21,8 +21,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ddpflow.distributed.elastic import launch_with_restarts
-from ddpflow.vision.digits import write_digits
-from ddpflow_infra import netns
+from ddpflow.workloads.vision.digits import write_digits
+from infra import netns
 from tests.integration.charlm_runs import (
     EPOCHS,
     TINY,
@@ -71,7 +71,7 @@ def start_flow(
     project.mkdir(parents=True, exist_ok=True)
     full_env = {**project_env(project), **multi.flow_env(str(project / "artifacts"))}
     return subprocess.Popen(
-        [sys.executable, "-m", "ddpflow_flows.train_charlm", *TINY, *args],
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
         cwd=project,
         env={**full_env, **(env or {}), "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow_infra.services import (
+from infra.services import (
     Service,
     create_bucket,
     free_port,
@@ -44,10 +44,10 @@ PREFECT_OUTAGE_S = 60.0
 
 
 def start_flow(project: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`python -m ddpflow_flows.train_charlm` with the tiny arguments, in its own project folder."""
+    """`python -m flows.train_charlm` with the tiny arguments, in its own project folder."""
     project.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "ddpflow_flows.train_charlm", *TINY],
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
         cwd=project,
         env={**project_env(project), **env, "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,

@@ -16,8 +16,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 import ddpflow
-from ddpflow.checkpoint import CheckpointStore, saved_names
-from ddpflow.tracking import TRACKING_INCOMPLETE_TAG
+from ddpflow.checkpoint.store import CheckpointStore, saved_names
+from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from examples import digits, digits_fit
 from tests.integration import api_train_functions as functions
 

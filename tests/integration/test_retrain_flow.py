@@ -1,4 +1,4 @@
-"""`python -m ddpflow_flows.retrain_charlm` against a registry that already has a champion.
+"""`python -m flows.retrain_charlm` against a registry that already has a champion.
 
 Real processes: the flow on a 2-worker LocalCluster, an MLflow SQLite registry. The champion
 is registered by the test with a known, poor holdout loss (a constant prediction, no
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.champion import CHAMPION_ALIAS
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS
 from tests.integration.conftest import run_flow
 from tests.unit.champion_helpers import (
     add_version,

@@ -12,8 +12,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from ddpflow.config import STORE_OUTAGE_ENV
-from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
-from ddpflow_infra.services import free_port
+from ddpflow.preflight.checks import PreflightError, check_artifact_store, check_tracking
+from infra.services import free_port
 from tests.integration.conftest import prefect_cli, prefect_records, run_flow, tiny_charlm
 from tests.integration.s3_servers import (
     ACCESS_KEY,
@@ -185,8 +185,9 @@ def test_flow_stops_on_unreachable_mlflow_before_writing(moto, tmp_path):
 
 
 def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypatch):
-    from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-    from ddpflow.checkpoint import CheckpointStore, build_state
+    from ddpflow.checkpoint.store import CheckpointStore, build_state
+    from ddpflow.workloads.charlm.config import CharLSTMConfig
+    from ddpflow.workloads.charlm.model import CharLSTM
 
     use_s3(monkeypatch, moto)
     model = CharLSTM(CharLSTMConfig(hidden_size=8, num_layers=1))

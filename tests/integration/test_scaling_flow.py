@@ -2,7 +2,7 @@
 
 One flow run per workload (module fixtures) on small data, so each size trains for seconds;
 the tests read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
-What both flows share (ddpflow_flows/scaling.py: parent and children, table, plots) is checked on
+What both flows share (flows/scaling.py: parent and children, table, plots) is checked on
 both; what is particular to the pet-name workload (time to a reached target, the records of
 a training) is checked on charlm only.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow.inspection import NOTE_TAG
+from ddpflow.tracking.inspection import NOTE_TAG
 from tests.integration.charlm_runs import small_corpus
 from tests.integration.conftest import prefect_records, project_tracking, run_flow, tiny_charlm
 from tests.pngs import png

@@ -1,6 +1,6 @@
 """Credentials in a URI reach no output, Prefect record, MLflow store or artifact.
 
-The flow runs the way a user runs it (`python -m ddpflow_flows.train_charlm`); Prefect's records are
+The flow runs the way a user runs it (`python -m flows.train_charlm`); Prefect's records are
 read back through its client from the project's own database, and every file the run left
 behind (Prefect's and MLflow's SQLite files included) is searched byte by byte.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow.preflight import PreflightError, check_tracking
+from ddpflow.preflight.checks import PreflightError, check_tracking
 from tests.integration.conftest import (
     READ_RECORDS,
     prefect_records,
@@ -41,7 +41,7 @@ DOWNLOAD_FLOW = (
     """
 import os, traceback
 from prefect import flow
-from ddpflow_tasks.charlm import download_corpus
+from tasks.charlm import download_corpus
 
 @flow(name="download-only")
 def download_only():

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow_infra.services import free_port, start_prefect_server, stop
+from infra.services import free_port, start_prefect_server, stop
 from tests.integration.conftest import REPO, project_env
 from tests.integration.slurm_cluster import Slurm
 from tests.integration.test_fault_tolerance import (
@@ -49,7 +49,7 @@ def job_name(project: Path) -> str:
 
 
 def start_flow(project: Path, slurm: Slurm, api_url: str, *args: str) -> subprocess.Popen[str]:
-    """`python -m ddpflow_flows.train_charlm` on 2 workers, each one Slurm job of 1 core."""
+    """`python -m flows.train_charlm` on 2 workers, each one Slurm job of 1 core."""
     options = {
         "system": "slurm",
         "n_workers": 2,
@@ -73,7 +73,7 @@ def start_flow(project: Path, slurm: Slurm, api_url: str, *args: str) -> subproc
     }
     project.mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
-        [sys.executable, "-m", "ddpflow_flows.train_charlm", *TINY, *args],
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
         cwd=project,
         env=env,
         stdout=subprocess.PIPE,

@@ -13,7 +13,9 @@ pytestmark = pytest.mark.integration
 
 
 def _start_run(uri: str, name: str, barrier: Any) -> str:
-    from ddpflow.tracking import start_run  # imported before the barrier: the race is the store's
+    from ddpflow.tracking.run import (
+        start_run,  # imported before the barrier: the race is the store's
+    )
 
     barrier.wait(timeout=300)
     return start_run(uri, "ddpflow-charlm", name, {"lr": 0.01}, {}).run_id

@@ -19,10 +19,10 @@ import psutil
 import pytest
 from distributed.security import Security
 
-from ddpflow_infra import services, stack
-from ddpflow_infra.certs import make_certs, security_from_env
-from ddpflow_infra.procs import ServiceError, pid_alive, spawn, wait_http
-from ddpflow_infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
+from infra import services, stack
+from infra.certs import make_certs, security_from_env
+from infra.procs import ServiceError, pid_alive, spawn, wait_http
+from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
 
 pytestmark = pytest.mark.integration
 

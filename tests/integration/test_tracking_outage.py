@@ -1,6 +1,6 @@
 """An MLflow outage during a training loses nothing, or says exactly what is missing.
 
-Real processes: the pet-name flow as a user runs it (`python -m ddpflow_flows.train_charlm`, its own
+Real processes: the pet-name flow as a user runs it (`python -m flows.train_charlm`, its own
 Dask LocalCluster) against a real MLflow tracking server (SQLite store, artifacts in a
 folder), which the test stops and starts again on the same store and port.
 """
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.batching import epoch_batches
-from ddpflow.tracking import TRACKING_INCOMPLETE_TAG
-from ddpflow_infra.services import Service, free_port, start_mlflow, stop
+from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
+from ddpflow.training.batching import epoch_batches
+from infra.services import Service, free_port, start_mlflow, stop
 from tests.integration.charlm_runs import EPOCHS, TINY, small_corpus, wait_for_checkpoint
 from tests.integration.conftest import (
     REPO,
@@ -86,7 +86,7 @@ def start_flow(project: Path, args: list[str], env: dict[str, str]) -> subproces
     project.mkdir(parents=True, exist_ok=True)
     log = open(project / "flow.log", "w")  # noqa: SIM115 - closed with the process
     return subprocess.Popen(
-        [sys.executable, "-m", "ddpflow_flows.train_charlm", *args],
+        [sys.executable, "-m", "flows.train_charlm", *args],
         cwd=project,
         env={**project_env(project), **env, "PYTHONPATH": str(REPO)},
         stdout=log,

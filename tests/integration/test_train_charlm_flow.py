@@ -13,9 +13,10 @@ import mlflow
 import pytest
 import torch
 
-from ddpflow import mlflow_store_template, storage
-from ddpflow.checkpoint import CheckpointStore
-from ddpflow_flows import early_cluster, prefect_db_template
+from ddpflow import storage
+from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.tracking.store import template as mlflow_store_template
+from flows import early_cluster, prefect_db_template
 from tests.integration.conftest import (
     prefect_cli,
     prefect_records,

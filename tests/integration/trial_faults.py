@@ -22,8 +22,8 @@ class InjectedFault(RuntimeError):
 
 
 def dask_setup(worker: Any) -> None:
-    # The trial's rank imports train_rank from here when it runs (ddpflow.sweep.trial).
-    import ddpflow.charlm.training as training
+    # The trial's rank imports train_rank from here when it runs (ddpflow.workloads.sweep.trial).
+    import ddpflow.workloads.charlm.training as training
 
     train_rank = training.train_rank
 

@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.charlm.formatting import format_names, split_xy
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.charlm.vocab import VOCAB_SIZE
-from ddpflow.checkpoint import LATEST_CHECKPOINT_TAG, CheckpointStore, build_state
-from ddpflow.registry import tag_checkpoint
+from ddpflow.checkpoint.store import LATEST_CHECKPOINT_TAG, CheckpointStore, build_state
+from ddpflow.registry.read import tag_checkpoint
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
+from ddpflow.workloads.charlm.formatting import format_names, split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
+from ddpflow.workloads.charlm.vocab import VOCAB_SIZE
 
 
 def write_holdout(folder: Path, num_names: int = 600) -> str:

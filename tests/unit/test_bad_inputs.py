@@ -3,7 +3,7 @@ runs first, with a message naming the input and the fix, and nothing already sto
 
 The rows call the flows' own checks (parameter validation, settings, the corpus download,
 the image folder format) directly; tests/integration/test_bad_inputs_cli.py runs a few of
-them through `python -m ddpflow_flows.<name>` to prove the wiring.
+them through `python -m flows.<name>` to prove the wiring.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from ddpflow.batching import MAX_SEED
-from ddpflow.charlm.corpus import DEFAULT_CORPUS_PATH, CorpusError
-from ddpflow.charlm.data import fetch_corpus, format_corpus
 from ddpflow.config import ConfigError, Settings
-from ddpflow.preflight import PreflightError, check_artifact_store, check_tracking
-from ddpflow.vision.data import ImageSpec, format_image_folder
-from ddpflow.vision.image_folder import DatasetError
-from ddpflow_flows.params import (
+from ddpflow.preflight.checks import PreflightError, check_artifact_store, check_tracking
+from ddpflow.training.batching import MAX_SEED
+from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH, CorpusError
+from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
+from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
+from ddpflow.workloads.vision.image_folder import DatasetError
+from flows.params import (
     CharLMParams,
     ImageParams,
     ParameterError,
@@ -160,7 +160,7 @@ CASES = [
          ConfigError, "DDPFLOW_HEAL_TIMEOUT_S='inf'", "e.g. 120"),
     Case("rank-resources-zero", settings(DDPFLOW_RANK_RESOURCES='{"GPU": 0}'),
          ConfigError, "DDPFLOW_RANK_RESOURCES", 'e.g. {"GPU": 1}'),
-    # pre-flight, the first step of every flow (ddpflow_flows/preflight.py); the Dask address and
+    # pre-flight, the first step of every flow (flows/preflight.py); the Dask address and
     # S3 rows are in tests/integration/test_bad_inputs_cli.py and test_s3.py
     Case("preflight-root-unwritable", root_under_a_file,
          PreflightError, "not-a-folder is not a writable folder", "set DDPFLOW_ARTIFACT_ROOT"),

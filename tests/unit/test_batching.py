@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 import torch
 
-from ddpflow.batching import epoch_batches, shard
+from ddpflow.training.batching import epoch_batches, shard
 
 CASES = [
     # (num_samples, batch_size, world_size)

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.champion import CHAMPION_ALIAS, Decision, champion_version, promote
-from ddpflow.charlm.evaluation import register_model
-from ddpflow.promotion_lock import PromotionLockTimeout, lock_name, promotion_lock
-from ddpflow.registry import RegistryError
-from ddpflow.tracking import RunRef
+from ddpflow.registry.promotion_lock import PromotionLockTimeout, lock_name, promotion_lock
+from ddpflow.registry.read import RegistryError
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, champion_version, promote
+from ddpflow.workloads.charlm.evaluation import register_model
 from tests.unit.champion_helpers import (
     add_version,
     constant_model,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ddpflow.charlm.champion import Decision, decide
+from ddpflow.workloads.charlm.champion import Decision, decide
 
 
 @pytest.mark.parametrize(

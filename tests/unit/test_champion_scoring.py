@@ -17,8 +17,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from ddpflow.charlm.champion import CHAMPION_ALIAS, promote
-from ddpflow.registry import RegistryError
+from ddpflow.registry.read import RegistryError
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote
 from tests.unit.champion_helpers import (
     add_version,
     constant_model,

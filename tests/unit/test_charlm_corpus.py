@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from ddpflow.charlm.corpus import (
+from ddpflow.workloads.charlm.corpus import (
     DEFAULT_CORPUS_PATH,
     CorpusError,
     load_names,
     parse_names,
     split_holdout,
 )
-from ddpflow.charlm.vocab import CHARACTERS, clean_names, decode, encode, normalise_name
+from ddpflow.workloads.charlm.vocab import CHARACTERS, clean_names, decode, encode, normalise_name
 
 SOURCE = "s3://bucket/pets.json"
 

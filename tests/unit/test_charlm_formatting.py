@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from ddpflow.charlm.corpus import load_names
-from ddpflow.charlm.formatting import format_names, one_hot, split_xy
-from ddpflow.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE, decode
+from ddpflow.workloads.charlm.corpus import load_names
+from ddpflow.workloads.charlm.formatting import format_names, one_hot, split_xy
+from ddpflow.workloads.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE, decode
 
 SEED_CHARACTERS = list("*+abcdefghijklmnopqrstuvwxyz-. ")
 EDGE_NAMES = [

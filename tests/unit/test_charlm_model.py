@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.charlm.sampling import MAX_NAME_LEN, generate_names
-from ddpflow.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE
-from ddpflow.serving import LogitsOnly
+from ddpflow.registry.serving import LogitsOnly
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.model import CharLSTM
+from ddpflow.workloads.charlm.sampling import MAX_NAME_LEN, generate_names
+from ddpflow.workloads.charlm.vocab import CHARACTERS, CONTEXT_LEN, VOCAB_SIZE
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from ddpflow import storage
-from ddpflow.charlm.model import CharLSTM, CharLSTMConfig
-from ddpflow.checkpoint import POINTER_NAME, CheckpointStore, build_state, encode, unwrap
+from ddpflow.checkpoint.store import POINTER_NAME, CheckpointStore, build_state, encode, unwrap
 from ddpflow.config import STORE_OUTAGE_ENV
-from ddpflow.retry import OutageTooLong
+from ddpflow.storage.retry import OutageTooLong
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.model import CharLSTM
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/conftest.py
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow import cluster
-from ddpflow.cluster import build_cluster, task_placement
+from ddpflow.cluster import build as cluster
+from ddpflow.cluster.build import build_cluster, task_placement
 from ddpflow.config import (
     CLUSTER_ENV,
     CLUSTER_OPTIONS_ENV,
@@ -18,7 +18,7 @@ from ddpflow.config import (
     Settings,
 )
 from ddpflow.distributed.planning import PlanError, choose_backend, workers_with_resources
-from ddpflow_flows import runner
+from flows import runner
 
 
 def settings(tmp_path: Path, **env: str) -> Settings:

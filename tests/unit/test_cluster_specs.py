@@ -1,4 +1,4 @@
-"""ddpflow_infra/ files that cannot run here (no Docker engine, no Kubernetes): parsed and checked.
+"""infra/ files that cannot run here (no Docker engine, no Kubernetes): parsed and checked.
 
 compose.yaml: it parses and has the services, GPU workers and no secret values.
 Dockerfile: one image from the lock. Kubernetes: the DaskCluster YAML is what ddpflow
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ddpflow.cluster import WORKER_ENV
-from ddpflow.cluster_kubernetes import kubernetes_spec
+from ddpflow.cluster.kubernetes import kubernetes_spec
+from ddpflow.cluster.workers import WORKER_ENV
 
-INFRA = Path(__file__).resolve().parents[2] / "ddpflow_infra"
+INFRA = Path(__file__).resolve().parents[2] / "infra"
 COMPOSE = INFRA / "docker" / "compose.yaml"
 SECRET_NAMES = re.compile(r"SECRET|PASSWORD|ACCESS_KEY|TOKEN|API_KEY|ROOT_USER", re.I)
 
@@ -44,7 +44,7 @@ def test_compose_has_the_production_services(compose: dict) -> None:
         assert name in services, name
     images = {s.get("image") for n, s in services.items() if not n.startswith("minio")}
     assert images == {"ddpflow:latest"}, "one image for the runner and every Dask process"
-    assert services["prefect-worker"]["build"]["dockerfile"] == "ddpflow_infra/docker/Dockerfile"
+    assert services["prefect-worker"]["build"]["dockerfile"] == "infra/docker/Dockerfile"
 
 
 def test_gpu_workers_declare_one_gpu_and_reserve_one_device(compose: dict) -> None:
@@ -89,7 +89,7 @@ def test_dockerfile_installs_the_lock() -> None:
     assert re.search(r"^FROM python:3\.11-slim", text, re.M)
     assert "COPY pyproject.toml constraints.txt" in text
     assert "pip install -c constraints.txt" in text
-    for directory in ("ddpflow", "ddpflow_flows", "ddpflow_tasks", "ddpflow_infra", "deployments"):
+    for directory in ("ddpflow", "flows", "tasks", "infra", "deployments"):
         assert f"COPY {directory} {directory}" in text
     for name, value in WORKER_ENV.items():  # the image's workers get ddpflow's settings
         assert f"{name}={value}" in text or f'{name}="{value}"' in text, name
@@ -102,8 +102,8 @@ def _spec_options() -> dict:
 def test_the_shipped_daskcluster_yaml_is_the_generated_spec() -> None:
     shipped = yaml.safe_load((INFRA / "kubernetes" / "daskcluster.yaml").read_text())
     assert shipped == kubernetes_spec(_spec_options()), (
-        "regenerate: python -m ddpflow_infra.cluster_specs kubernetes "
-        "ddpflow_infra/kubernetes/cluster-options.json > ddpflow_infra/kubernetes/daskcluster.yaml"
+        "regenerate: python -m infra.cluster_specs kubernetes "
+        "infra/kubernetes/cluster-options.json > infra/kubernetes/daskcluster.yaml"
     )
 
 
@@ -215,7 +215,7 @@ def test_the_shipped_kubernetes_spec_carries_tls() -> None:
 
 
 def test_a_per_run_kubecluster_with_tls_is_refused_up_front() -> None:
-    from ddpflow.cluster import build_cluster
+    from ddpflow.cluster.build import build_cluster
     from ddpflow.config import ConfigError
 
     with pytest.raises(ConfigError, match="tls_secret.*DDPFLOW_DASK_ADDRESS=tls://"):
@@ -224,10 +224,10 @@ def test_a_per_run_kubecluster_with_tls_is_refused_up_front() -> None:
 
 @pytest.mark.parametrize("example", ["slurm-gpu.json", "pbs-gpu.json"])
 def test_the_shipped_job_scripts_carry_tls(example: str, tmp_path: Path) -> None:
-    """Renders the script as `python -m ddpflow_infra.cluster_specs jobqueue` does; the scheduler
+    """Renders the script as `python -m infra.cluster_specs jobqueue` does; the scheduler
     that rendering starts in this process binds 127.0.0.1, and the throwaway certificates go to
     tmp_path instead of $HOME."""
-    from ddpflow_infra.cluster_specs import job_script
+    from infra.cluster_specs import job_script
 
     options = json.loads((INFRA / "jobqueue" / example).read_text())
     assert options["security"] is True
@@ -243,7 +243,7 @@ def test_a_job_script_puts_nccls_bootstrap_on_the_workers_interface(tmp_path: Pa
     """Workers started on an interface (`interface` option) get NCCL_SOCKET_IFNAME for it,
     before the worker starts: NCCL reads nothing else, and a running worker's environment is
     never changed."""
-    from ddpflow_infra.cluster_specs import job_script
+    from infra.cluster_specs import job_script
 
     options = json.loads((INFRA / "jobqueue" / "slurm-gpu.json").read_text())
     options |= {

@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PAGES = sorted(
-    [REPO / "README.md", REPO / "bench" / "README.md", REPO / "ddpflow_infra" / "README.md"]
+    [REPO / "README.md", REPO / "bench" / "README.md", REPO / "infra" / "README.md"]
     + list((REPO / "docs").glob("*.md"))
 )
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from ddpflow.tracking import RunRef, end_run
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import end_run
 
 BOUND_S = 2.0
 
@@ -104,7 +105,7 @@ def test_an_error_inside_failed_on_error_marks_the_run_failed_and_comes_through(
     the work marks the run FAILED, and the caller sees the original error unchanged."""
     from mlflow.tracking import MlflowClient
 
-    from ddpflow.tracking import failed_on_error, start_run
+    from ddpflow.tracking.run import failed_on_error, start_run
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run = start_run(uri, "lifecycle", "r", {}, {})

@@ -9,31 +9,36 @@ import pkgutil
 import subprocess
 import sys
 
-import ddpflow_flows
-from ddpflow.vision.image_folder import IMG_EXTENSIONS
+import flows
+from ddpflow.workloads.vision.image_folder import IMG_EXTENSIONS
 from tests.integration.conftest import REPO
 
 HEAVY = ("torch", "torchvision", "mlflow.pytorch")
 
 
-def test_every_flow_module_imports_without_torch():
-    flows = [f"ddpflow_flows.{m.name}" for m in pkgutil.iter_modules(ddpflow_flows.__path__)]
-    assert "ddpflow_flows.train_charlm" in flows and "ddpflow_flows.train_images" in flows
+def test_every_flow_module_imports_without_torch_and_starts_nothing():
+    modules = [f"flows.{m.name}" for m in pkgutil.iter_modules(flows.__path__)]
+    assert "flows.train_charlm" in modules and "flows.train_images" in modules
     script = (
         "import importlib, sys\n"
-        f"for name in {flows!r}:\n"
+        f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "import ddpflow, ddpflow.api, ddpflow_tasks.ddp\n"
+        "import ddpflow, ddpflow.api, tasks.ddp\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+        "import psutil\n"
+        "print(len(psutil.Process().children(recursive=True)))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "[]", (
-        f"importing the flows loaded {done.stdout.strip()}: import it inside the function "
+    heavy, children = done.stdout.split("\n")[:2]
+    assert heavy == "[]", (
+        f"importing the flows loaded {heavy}: import it inside the function "
         "that runs on a worker (python -X importtime shows the chain)"
     )
+    # Servers and clusters start in a flow's __main__ guard (flows/early_api.py), never on import.
+    assert children == "0", f"importing the flows started {children} processes"
 
 
 def test_the_image_extensions_are_torchvisions():

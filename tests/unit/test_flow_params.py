@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from ddpflow_flows.params import CharLMParams, ParameterError, validate_params
+from flows.params import CharLMParams, ParameterError, validate_params
 
 VALID: dict[str, Any] = {
     "source": "  /data/pets.json ",
@@ -126,11 +126,11 @@ def test_speed_settings_default_to_auto_and_take_cli_text() -> None:
 def test_checkpoint_interval_defaults_agree_with_the_flows() -> None:
     import inspect
 
-    from ddpflow.step_checkpoints import DEFAULT_CHECKPOINT_EVERY_S
-    from ddpflow_flows.params import ImageParams
-    from ddpflow_flows.retrain_charlm import retrain_charlm
-    from ddpflow_flows.train_charlm import train_charlm
-    from ddpflow_flows.train_images import train_images
+    from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
+    from flows.params import ImageParams
+    from flows.retrain_charlm import retrain_charlm
+    from flows.train_charlm import train_charlm
+    from flows.train_images import train_images
 
     params = validate_params(CharLMParams, dict(VALID))
     assert (params.checkpoint_every_steps, params.checkpoint_every_s) == (0, 600.0)

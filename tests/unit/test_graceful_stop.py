@@ -1,5 +1,5 @@
-"""The SIGTERM handler of ddpflow.graceful_stop, in a real child process that sends itself
-the signal: it exits at once without a rank, and only after its rank is done with one."""
+"""The SIGTERM handler of ddpflow.distributed.graceful_stop, in a real child process that sends
+itself the signal: it exits at once without a rank, and only after its rank is done with one."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 CHILD = """
 import os, signal, sys, threading, time
-from ddpflow import graceful_stop
+from ddpflow.distributed import graceful_stop
 
 graceful_stop.RESULT_DELAY_S = 0.0
 assert graceful_stop.install("tcp://w:1", grace_s={grace})

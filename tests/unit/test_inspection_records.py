@@ -1,4 +1,4 @@
-"""ddpflow.inspection against a real MLflow store (SQLite in a temp folder, no server)."""
+"""ddpflow.tracking.inspection against a real MLflow store (SQLite in a temp folder, no server)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.inspection import (
+from ddpflow.tracking.inspection import (
     RunOrigin,
     content_sha256,
     dataset_ref,
@@ -16,8 +16,9 @@ from ddpflow.inspection import (
     record_decision_on_versions,
     run_description,
 )
-from ddpflow.tracking import RunRef, start_run
-from ddpflow.training_progress import StepProgress
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import start_run
+from ddpflow.training.progress.events import StepProgress
 
 SECRET = "s3cr3t-pw"
 

@@ -11,10 +11,10 @@ from tests.integration.conftest import REPO
 def test_importing_tracking_keeps_warnings_visible():
     # docs/fault-tolerance.md: an MLflow that is down is reported (a warning), never hidden.
     # mlflow.pytorch sets the root logger to ERROR at import; a Dask worker or a script that
-    # imports ddpflow.tracking before configuring logging would lose every ddpflow warning.
+    # imports ddpflow.tracking.run before configuring logging would lose every ddpflow warning.
     code = (
-        "import logging, ddpflow.tracking; "
-        "logging.getLogger('ddpflow.tracking').warning('the run stays RUNNING'); "
+        "import logging, ddpflow.tracking.run; "
+        "logging.getLogger('ddpflow.tracking.run').warning('the run stays RUNNING'); "
         "print(logging.getLogger().level, len(logging.getLogger().handlers))"
     )
     done = subprocess.run(

@@ -1,5 +1,5 @@
 """A project's first MLflow store copied from the installed template
-(ddpflow/mlflow_store_template.py, ddpflow/sqlite_store.py). A flow's first run on it:
+(ddpflow/tracking/store/template.py, ddpflow/tracking/store/sqlite.py). A flow's first run on it:
 `integration/test_train_charlm_flow.py`."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow import mlflow_store_template as template
-from ddpflow.db_template import copy_into_place
-from ddpflow.sqlite_store import prepare_sqlite_store
+from ddpflow.storage.db_template import copy_into_place
+from ddpflow.tracking.store import template
+from ddpflow.tracking.store.sqlite import prepare_sqlite_store
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_a_new_store_is_seeded_and_mlflow_adds_its_default_experiment_here(
     database = tmp_path / "project" / "mlflow.db"
     database.parent.mkdir()
     uri = f"sqlite:///{database}"
-    with caplog.at_level(logging.INFO, logger="ddpflow.sqlite_store"):
+    with caplog.at_level(logging.INFO, logger="ddpflow.tracking.store.sqlite"):
         prepare_sqlite_store(uri)
     assert f"{template.SEEDED_FROM} to {database}" in caplog.text
     assert "Creating initial MLflow database tables" not in caplog.text

@@ -1,5 +1,5 @@
-"""Every flow parameter is declared once (type, limits and help in ddpflow_flows/params.py, the
-default in ddpflow_flows/defaults.py) and the flow signatures, Prefect's parameter schema, the
+"""Every flow parameter is declared once (type, limits and help in flows/params.py, the
+default in flows/defaults.py) and the flow signatures, Prefect's parameter schema, the
 command line, the sweep's trial checks, the docs tables and the deployment file agree with
 that declaration."""
 
@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from ddpflow.param_types import bounds_of
-from ddpflow.sweep.config import TrialConfig, validate_trial
-from ddpflow_flows import defaults, param_docs
-from ddpflow_flows.cli import run_cli
-from ddpflow_flows.param_flow import FlowParameters, declared, wire_type
-from ddpflow_flows.params import (
+from ddpflow.workloads.sweep.config import TrialConfig, validate_trial
+from flows import defaults, param_docs
+from flows.cli import run_cli
+from flows.param_flow import FlowParameters, declared, wire_type
+from flows.params import (
     FIXES,
     CharLMParams,
     ImageParams,
@@ -49,7 +49,7 @@ def test_every_flow_with_parameters_is_covered() -> None:
 def test_the_signature_is_the_declaration(name: str) -> None:
     flow = FLOWS[name]
     parameters = declared(flow)
-    assert parameters.defaults is FLOW_DEFAULTS[name], "the defaults of ddpflow_flows/defaults.py"
+    assert parameters.defaults is FLOW_DEFAULTS[name], "the defaults of flows/defaults.py"
     signature = inspect.signature(flow)
     assert list(signature.parameters) == list(parameters.defaults)
     hints = get_type_hints(flow.fn)
@@ -151,7 +151,7 @@ def test_trial_and_flow_accept_and_refuse_the_same_values(field, inside, outside
 
 def test_the_docs_tables_are_generated_from_the_declaration() -> None:
     stale = param_docs.stale(write=False)
-    assert stale == [], f"run `python -m ddpflow_flows.param_docs`: {stale}"
+    assert stale == [], f"run `python -m flows.param_docs`: {stale}"
     text = (REPO / "docs" / "charlm.md").read_text()
     assert param_docs.table(FLOWS["train-charlm"]) in text
 
@@ -219,8 +219,8 @@ def _entrypoints() -> list[str]:
 def test_a_deployed_flow_unpickles_in_a_process_that_did_not_load_it(entrypoint) -> None:
     """A task submitted to Dask pickles the flow run's context, the flow included, and the
     scheduler must unpickle it. The deployments name their flows by module
-    (`ddpflow_flows.train_images:train_images`), so what the flow's body refers to pickles by that
-    module's name. Loaded from a file path instead (`ddpflow_flows/train_images.py:...`), the flow
+    (`flows.train_images:train_images`), so what the flow's body refers to pickles by that
+    module's name. Loaded from a file path instead (`flows/train_images.py:...`), the flow
     lived in a module named "train_images" that no other process has: functions of that
     file failed to unpickle there ("No module named 'train_images'")."""
     import subprocess

@@ -7,7 +7,7 @@ import os
 
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES
 
-from ddpflow_flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, prefect_client_retries
+from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, prefect_client_retries
 
 
 def test_flows_retry_the_prefect_api_for_minutes_by_default(monkeypatch):

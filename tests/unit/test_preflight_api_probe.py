@@ -11,13 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ddpflow.preflight import (
+from ddpflow.preflight.checks import (
     PreflightError,
     check_workers_reach_api,
     probe_http,
     probe_http_off_loop,
 )
-from ddpflow_infra.procs import free_port
+from infra.procs import free_port
 
 
 class _Status(BaseHTTPRequestHandler):

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from ddpflow.preflight import PreflightError, check_tracking
+from ddpflow.preflight.checks import PreflightError, check_tracking
 
 GOOD = "Basic " + base64.b64encode(b"alice:s3cret").decode()
 

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow import fit_progress
 from ddpflow.distributed.context import RankContext
-from ddpflow.samples import TensorSamples
-from ddpflow.tracking import NullLogger
-from ddpflow.train_loop import FitPlan, fit
+from ddpflow.tracking.loggers import NullLogger
+from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training.progress import reporter as fit_progress
+from ddpflow.training.samples import TensorSamples
 
 STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
 

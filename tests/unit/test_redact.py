@@ -2,7 +2,7 @@
 
 import pytest
 
-from ddpflow.redact import clean_cause, has_credentials, redact_text, redact_url
+from ddpflow.storage.redact import clean_cause, has_credentials, redact_text, redact_url
 
 SECRETS = ("PASSWORD", "KEY123", "TOKEN123", "p%40ss", "abc123", "deadbeef", "PW9", "SIG7")
 

@@ -12,8 +12,8 @@ from ddpflow.config import (
     ConfigError,
     Settings,
 )
-from ddpflow.redact import redact_url
-from ddpflow.retry import retry_call
+from ddpflow.storage.redact import redact_url
+from ddpflow.storage.retry import retry_call
 
 # --- retry_call -------------------------------------------------------------------------------
 

@@ -8,9 +8,10 @@ import math
 
 import pytest
 
-from ddpflow.scaling import SizeResult, Target, table_rows
-from ddpflow.scaling.plots import PLOT_NAMES, scaling_plots
-from ddpflow.scaling.report import (
+from ddpflow.training.result import EpochStats
+from ddpflow.workloads.scaling import SizeResult, Target, table_rows
+from ddpflow.workloads.scaling.plots import PLOT_NAMES, scaling_plots
+from ddpflow.workloads.scaling.report import (
     NOT_REACHED,
     csv_text,
     efficiency,
@@ -18,8 +19,7 @@ from ddpflow.scaling.report import (
     steady_samples_per_s,
     time_to_target,
 )
-from ddpflow.train_loop import EpochStats
-from ddpflow_flows.scaling import ScalingSummary
+from flows.scaling import ScalingSummary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LOSS = Target("val_loss", 2.0)

@@ -7,11 +7,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.scaling import SizeResult, Target, table_rows
-from ddpflow.scaling.report import markdown_table
-from ddpflow.tracking import RunRef, start_run
-from ddpflow.train_loop import EpochStats
-from ddpflow_flows.scaling import ScalingSummary, finish, run_sizes
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import start_run
+from ddpflow.training.result import EpochStats
+from ddpflow.workloads.scaling import SizeResult, Target, table_rows
+from ddpflow.workloads.scaling.report import markdown_table
+from flows.scaling import ScalingSummary, finish, run_sizes
 
 EXPERIMENT = "scaling-unit"
 NO_TARGET = Target("val_loss", None)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import ddpflow_flows.scaling
-from ddpflow.scaling import ScalingConfigError, parse_world_sizes, plan_world_sizes
-from ddpflow_flows.params import ParameterError, ScalingParams, validate_params
-from ddpflow_flows.scaling import plan_sizes
-from ddpflow_flows.scaling_charlm import scaling_charlm
-from ddpflow_flows.scaling_images import scaling_images
+import flows.scaling
+from ddpflow.workloads.scaling import ScalingConfigError, parse_world_sizes, plan_world_sizes
+from flows.params import ParameterError, ScalingParams, validate_params
+from flows.scaling import plan_sizes
+from flows.scaling_charlm import scaling_charlm
+from flows.scaling_images import scaling_images
 
 
 def test_a_comma_list_is_sorted_without_repeats() -> None:
@@ -49,13 +49,13 @@ def test_the_flow_checks_the_syntax_before_asking_the_cluster(monkeypatch) -> No
     def no_cluster() -> list[str]:
         raise AssertionError("the cluster was asked before the syntax was checked")
 
-    monkeypatch.setattr(ddpflow_flows.scaling, "rank_workers", no_cluster)
+    monkeypatch.setattr(flows.scaling, "rank_workers", no_cluster)
     with pytest.raises(ParameterError, match="world_sizes='0'"):
         plan_sizes("0")
 
 
 def test_the_flow_fits_the_sizes_to_the_rank_workers(monkeypatch) -> None:
-    monkeypatch.setattr(ddpflow_flows.scaling, "rank_workers", lambda: ["tcp://a:1", "tcp://b:1"])
+    monkeypatch.setattr(flows.scaling, "rank_workers", lambda: ["tcp://a:1", "tcp://b:1"])
     assert plan_sizes(None) == [1, 2]
     with pytest.raises(ParameterError, match=r"3 larger than the cluster's 2 worker\(s\)"):
         plan_sizes("3")

@@ -10,18 +10,18 @@ from typing import Any
 
 import pytest
 
-from ddpflow.charlm.corpus import CorpusError, parse_names
-from ddpflow.preflight import PreflightError, check_tracking
-from ddpflow.retry import retry_call
-from ddpflow_flows.params import (
+from ddpflow.preflight.checks import PreflightError, check_tracking
+from ddpflow.storage.retry import retry_call
+from ddpflow.workloads.charlm.corpus import CorpusError, parse_names
+from flows.params import (
     CharLMParams,
     ImageParams,
     ParameterError,
     SweepParams,
     validate_params,
 )
-from ddpflow_flows.redacted_flow import RedactedParamsFlow
-from ddpflow_flows.summary import mlflow_ui_hint
+from flows.redacted_flow import RedactedParamsFlow
+from flows.summary import mlflow_ui_hint
 from tests.unit.test_flow_params import VALID as CHARLM
 from tests.unit.test_sweep_params import VALID as SWEEP
 from tests.unit.test_vision_params import VALID as IMAGES

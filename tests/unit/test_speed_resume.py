@@ -20,15 +20,15 @@ import pytest
 import torch
 
 from ddpflow import storage
-from ddpflow.charlm import training as charlm_training
-from ddpflow.charlm.model import CharLSTMConfig
-from ddpflow.checkpoint import CheckpointStore
+from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.distributed.context import RankSpec, find_free_port, process_group
-from ddpflow.speed import SpeedError, SpeedSettings
-from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext
-from ddpflow.vision import training as vision_training
-from ddpflow.vision.model import ImageModelConfig
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.training.context import TrainContext
+from ddpflow.training.speed.settings import SpeedError, SpeedSettings
+from ddpflow.workloads.charlm import training as charlm_training
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.vision import training as vision_training
+from ddpflow.workloads.vision.config import ImageModelConfig
 
 RUN = RunRef("unused", "unused")
 

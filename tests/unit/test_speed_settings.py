@@ -12,12 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_from
+from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, resume_from
 from ddpflow.distributed.context import RankContext
-from ddpflow.samples import TensorSamples
-from ddpflow.speed import CudaCaps, SpeedError, SpeedSettings, TrainSpeed
-from ddpflow.train_loop import FitHooks, FitPlan, fit
-from ddpflow.vision.model import IMAGENET_MEAN, IMAGENET_STD, build_resnet
+from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.samples import TensorSamples
+from ddpflow.training.speed.device import TrainSpeed, resolve_speed
+from ddpflow.training.speed.settings import CudaCaps, SpeedError, SpeedSettings
+from ddpflow.workloads.vision.model import IMAGENET_MEAN, IMAGENET_STD, build_resnet
 
 CPU = torch.device("cpu")
 FAKE_GPU = torch.device("cuda")  # never used for tensors: no GPU here
@@ -26,7 +27,7 @@ VOLTA = CudaCaps(bf16=False, tf32=False)
 
 
 def test_auto_on_cpu_changes_nothing() -> None:
-    speed = SpeedSettings("auto", "auto", "auto").resolve(CPU, images=True)
+    speed = resolve_speed(SpeedSettings("auto", "auto", "auto"), CPU, images=True)
     assert speed.describe() == {
         "precision": "fp32",
         "channels_last": False,
@@ -38,28 +39,28 @@ def test_auto_on_cpu_changes_nothing() -> None:
 
 
 def test_pinning_on_cpu_is_a_no_op_that_says_why() -> None:
-    speed = SpeedSettings(pin_memory=True).resolve(CPU)
+    speed = resolve_speed(SpeedSettings(pin_memory=True), CPU)
     assert speed.pin_memory is False
     assert speed.notes == ("pin_memory: no CUDA device, so nothing is pinned",)
 
 
 def test_auto_on_a_faked_bf16_gpu() -> None:
-    images = SpeedSettings("auto", "auto", "auto").resolve(FAKE_GPU, AMPERE, images=True)
+    images = resolve_speed(SpeedSettings("auto", "auto", "auto"), FAKE_GPU, AMPERE, images=True)
     assert (images.precision, images.channels_last, images.pin_memory, images.tf32) == (
         "bf16",
         True,
         True,
         True,
     )
-    lstm = SpeedSettings("auto", "auto", "auto").resolve(FAKE_GPU, AMPERE)
+    lstm = resolve_speed(SpeedSettings("auto", "auto", "auto"), FAKE_GPU, AMPERE)
     assert lstm.channels_last is False, "channels_last applies to image models only"
 
 
 @pytest.mark.filterwarnings("ignore:torch.cuda.amp.GradScaler is enabled")  # no real GPU
 def test_auto_on_a_faked_gpu_without_bf16_is_fp16_and_strict_fp32_has_no_tf32() -> None:
-    assert SpeedSettings("auto").resolve(FAKE_GPU, VOLTA).precision == "fp16"
-    assert SpeedSettings("fp32").resolve(FAKE_GPU, AMPERE).tf32 is False
-    assert SpeedSettings("bf16").resolve(FAKE_GPU, AMPERE).tf32 is True
+    assert resolve_speed(SpeedSettings("auto"), FAKE_GPU, VOLTA).precision == "fp16"
+    assert resolve_speed(SpeedSettings("fp32"), FAKE_GPU, AMPERE).tf32 is False
+    assert resolve_speed(SpeedSettings("bf16"), FAKE_GPU, AMPERE).tf32 is True
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_auto_on_a_faked_gpu_without_bf16_is_fp16_and_strict_fp32_has_no_tf32() 
 )
 def test_a_setting_the_device_cannot_run_is_named_with_the_fix(settings, device, caps, match):
     with pytest.raises(SpeedError, match=match):
-        SpeedSettings(**settings).resolve(device, caps)
+        resolve_speed(SpeedSettings(**settings), device, caps)
 
 
 def test_a_precision_the_cpu_kernels_lack_fails_before_training() -> None:
@@ -84,10 +85,10 @@ def test_a_precision_the_cpu_kernels_lack_fails_before_training() -> None:
                 raise RuntimeError("could not create a primitive descriptor\nmore")
             return x, x.sum()
 
-    speed = SpeedSettings("bf16").resolve(CPU)
+    speed = resolve_speed(SpeedSettings("bf16"), CPU)
     with pytest.raises(SpeedError, match=r"precision='bf16' does not run .*primitive.*fp32"):
         speed.check_runs(Broken(), torch.zeros(2), torch.zeros(2))
-    SpeedSettings("fp32").resolve(CPU).check_runs(Broken(), torch.zeros(2), torch.zeros(2))
+    resolve_speed(SpeedSettings("fp32"), CPU).check_runs(Broken(), torch.zeros(2), torch.zeros(2))
 
 
 def test_the_grad_scaler_state_round_trips_through_a_checkpoint(tmp_path) -> None:
@@ -150,7 +151,7 @@ def test_fit_runs_the_training_forward_under_autocast(precision, dtype) -> None:
         logger=_NoLog(),
         save_checkpoint=lambda epoch: None,
         plan=FitPlan(epochs=1, batch_size=4, seed=0),
-        hooks=FitHooks(speed=SpeedSettings(precision).resolve(CPU)),
+        hooks=FitHooks(speed=resolve_speed(SpeedSettings(precision), CPU)),
     )
     assert model.dtypes == [dtype, dtype]
     assert model.layer.weight.dtype == torch.float32, "the weights stay fp32"
@@ -162,7 +163,7 @@ class _NoLog:
 
 
 def test_uint8_images_cross_to_the_device_and_are_normalised_once_there() -> None:
-    speed = SpeedSettings(channels_last=True).resolve(CPU, images=True)
+    speed = resolve_speed(SpeedSettings(channels_last=True), CPU, images=True)
     model = speed.apply_to_model(build_resnet("resnet18", 2))
     seen: list[torch.Tensor] = []
     model.backbone.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -180,8 +181,8 @@ def test_compile_is_in_place_so_checkpoint_keys_do_not_change() -> None:
     """Only the wrapping is checked: compiling on this CPU takes too long for a unit test."""
     model = nn.Linear(2, 2)
     keys = list(model.state_dict())
-    SpeedSettings(compile=False).resolve(CPU).compile_model(model)
+    resolve_speed(SpeedSettings(compile=False), CPU).compile_model(model)
     assert model._compiled_call_impl is None
-    SpeedSettings(compile=True).resolve(CPU).compile_model(model)
+    resolve_speed(SpeedSettings(compile=True), CPU).compile_model(model)
     assert model._compiled_call_impl is not None
     assert list(model.state_dict()) == keys

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow_infra.state import StackState, client_env
+from infra.state import StackState, client_env
 
 PORTS = {"prefect": 4200, "mlflow": 5000, "moto": 9000, "dask": 8786}
 

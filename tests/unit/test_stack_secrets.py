@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ddpflow_infra import certs
-from ddpflow_infra.auth import StackSecrets
-from ddpflow_infra.private import write_private
+from infra import certs
+from infra.auth import StackSecrets
+from infra.private import write_private
 
 
 def mode(path: Path) -> int:

@@ -13,13 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow import graceful_stop, step_checkpoints
-from ddpflow.batching import epoch_batches
-from ddpflow.checkpoint import CheckpointStore, build_state, encode, resume_from
+from ddpflow.checkpoint import steps as step_checkpoints
+from ddpflow.checkpoint.steps import CheckpointClock, CheckpointSchedule, EpochPosition, step_seed
+from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, resume_from
+from ddpflow.distributed import graceful_stop
 from ddpflow.distributed.context import RankContext
-from ddpflow.samples import TensorSamples
-from ddpflow.step_checkpoints import CheckpointClock, CheckpointSchedule, EpochPosition, step_seed
-from ddpflow.train_loop import FitPlan, fit
+from ddpflow.training.batching import epoch_batches
+from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training.samples import TensorSamples
 
 STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
 EPOCHS = 2

@@ -16,11 +16,12 @@ from collections.abc import Callable
 
 import pytest
 
-from ddpflow import checkpoint, storage
-from ddpflow.checkpoint import CheckpointStore, encode
+from ddpflow import storage
+from ddpflow.checkpoint import store as checkpoint
+from ddpflow.checkpoint.store import CheckpointStore, encode
 from ddpflow.config import STORE_OUTAGE_ENV, ConfigError, Settings, store_outage_s
 from ddpflow.distributed import watchdog
-from ddpflow.retry import OutageTooLong, retry_for
+from ddpflow.storage.retry import OutageTooLong, retry_for
 
 
 class FakeTime:
@@ -137,7 +138,7 @@ def test_a_checkpoint_write_waits_out_a_one_minute_outage(tmp_path, monkeypatch,
     watchdog.rank_started("launch-outage", 0)
     watchdog.bind_thread("launch-outage", 0)
     try:
-        with caplog.at_level(logging.WARNING, logger="ddpflow.retry"):
+        with caplog.at_level(logging.WARNING, logger="ddpflow.storage.retry"):
             store.save_encoded(2, encode(state(2)))
         _, beats = watchdog.rank_progress("launch-outage")[0]
     finally:

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddpflow.sweep.config import (
+from ddpflow.workloads.sweep.config import (
     MAX_TRIALS,
     SweepConfigError,
     TrialConfig,

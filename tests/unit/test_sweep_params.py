@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from ddpflow_flows.cli import _arg_type
-from ddpflow_flows.params import ParameterError, SweepParams, validate_params
+from flows.cli import _arg_type
+from flows.params import ParameterError, SweepParams, validate_params
 
 VALID: dict[str, Any] = {
     "source": " /data/pets.json ",

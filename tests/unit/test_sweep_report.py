@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from ddpflow.sweep.config import validate_trial
-from ddpflow.sweep.execute import TrialOutcome
-from ddpflow.sweep.plots import LossCurve, loss_panels_png
-from ddpflow.sweep.report import best, curves, plots, ranked, table_rows
-from ddpflow.sweep.trial import elapsed_by_epoch
-from ddpflow.train_loop import EpochStats
-from ddpflow_flows.sweep_summary import SweepSummary
+from ddpflow.training.result import EpochStats
+from ddpflow.workloads.sweep.config import validate_trial
+from ddpflow.workloads.sweep.execute import TrialOutcome
+from ddpflow.workloads.sweep.plots import LossCurve, loss_panels_png
+from ddpflow.workloads.sweep.report import best, curves, plots, ranked, table_rows
+from ddpflow.workloads.sweep.trial import elapsed_by_epoch
+from flows.sweep_summary import SweepSummary
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 BASE = {

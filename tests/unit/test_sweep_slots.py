@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from ddpflow.sweep.slots import WorkerSlots, run_queued
+from ddpflow.workloads.sweep.slots import WorkerSlots, run_queued
 
 WORKERS = ["tcp://127.0.0.1:4003", "tcp://127.0.0.1:4001", "tcp://127.0.0.1:4002"]
 

@@ -7,7 +7,8 @@ import time
 
 from mlflow.tracking import MlflowClient
 
-from ddpflow.tracking import BackgroundMlflowLogger, RunRef, close_logger, start_run
+from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef, close_logger
+from ddpflow.tracking.run import start_run
 
 
 def test_everything_logged_is_in_mlflow_after_close(tmp_path):

@@ -17,16 +17,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.checkpoint import record_checkpoint
-from ddpflow.tracking import (
-    TRACKING_INCOMPLETE_TAG,
-    BackgroundMlflowLogger,
-    RunRef,
-    end_run,
-    spool_folder,
-    start_run,
-)
-from ddpflow.tracking_spool import (
+from ddpflow.checkpoint.store import record_checkpoint
+from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef, spool_folder
+from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG, end_run, start_run
+from ddpflow.tracking.spool import (
     NOT_KEPT_NAME,
     Spool,
     flush_timeout_s,
@@ -63,7 +57,7 @@ def test_a_full_spool_refuses_a_call_says_so_and_lists_it_as_not_kept(tmp_path, 
     checkpoint = tmp_path / "epoch-0001.pt"
     checkpoint.write_bytes(b"x" * 5_000)
     assert spool.add("metrics", "metrics loss at step 1", {"step": 1})
-    with caplog.at_level(logging.ERROR, logger="ddpflow.tracking_spool"):
+    with caplog.at_level(logging.ERROR, logger="ddpflow.tracking.spool"):
         kept = spool.add(
             "artifact", "artifact checkpoints/epoch-0001.pt", {}, str(checkpoint), "/ckpt/e1.pt"
         )
@@ -178,7 +172,7 @@ def test_a_bad_bound_names_the_variable_and_the_fix(monkeypatch, name, read):
 def test_a_spool_folder_that_cannot_be_made_falls_back_to_a_temporary_one(tmp_path, caplog):
     """A run folder where `runs` is a file (the store refuses it): logging still works; the
     checkpoint write is what reports the store."""
-    from ddpflow.metric_loggers import _open_spool
+    from ddpflow.tracking.loggers import _open_spool
 
     (tmp_path / "runs").write_text("not a folder")
     wanted = tmp_path / "runs" / "abc" / "tracking-spool" / "1"

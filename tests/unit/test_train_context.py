@@ -13,7 +13,8 @@ from torch import nn
 import ddpflow
 from ddpflow.api import check_tracking, check_train
 from ddpflow.distributed.context import RankContext
-from ddpflow.train_context import TrainContext, TrainSettings, check_seed
+from ddpflow.training.context import TrainContext
+from ddpflow.training.settings import TrainSettings, check_seed
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,15 +12,16 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from ddpflow.checkpoint import CheckpointStore
+from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
-from ddpflow.samples import TensorSamples
-from ddpflow.tracking import RunRef
-from ddpflow.train_context import TrainContext
-from ddpflow.train_loop import FitHooks, FitPlan, fit
-from ddpflow.vision.data import ImageSpec, format_image_folder
-from ddpflow.vision.model import ImageModelConfig
-from ddpflow.vision.training import ImageTrainJob, train_rank
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.training.context import TrainContext
+from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.samples import TensorSamples
+from ddpflow.workloads.vision.config import ImageModelConfig
+from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
+from ddpflow.workloads.vision.job import ImageTrainJob
+from ddpflow.workloads.vision.training import train_rank
 
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
 

@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 from torchvision.datasets import ImageFolder
 
-from ddpflow.vision.data import ImageSpec, format_image_folder, load_split
-from ddpflow.vision.digits import MARKER, digits_pngs, ensure_digits
-from ddpflow.vision.image_folder import DatasetError, list_image_folder
+from ddpflow.workloads.vision.data import ImageSpec, format_image_folder, load_split
+from ddpflow.workloads.vision.digits import MARKER, digits_pngs, ensure_digits
+from ddpflow.workloads.vision.image_folder import DatasetError, list_image_folder
 from tests.pngs import png
 
 

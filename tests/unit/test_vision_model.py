@@ -10,9 +10,9 @@ import torchvision
 from torchvision.models._api import WeightsEnum
 
 from ddpflow import storage
-from ddpflow.serving import LogitsOnly
-from ddpflow.vision.model import (
-    ImageModelConfig,
+from ddpflow.registry.serving import LogitsOnly
+from ddpflow.workloads.vision.config import ImageModelConfig
+from ddpflow.workloads.vision.model import (
     WeightsError,
     build_resnet,
     resolve_weights,

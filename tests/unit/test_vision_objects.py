@@ -13,9 +13,9 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from ddpflow.vision.data import MANIFEST, ImageSpec, format_image_folder
-from ddpflow.vision.image_folder import DatasetError, list_image_folder
-from ddpflow.vision.objects import ImageReadError
+from ddpflow.workloads.vision.data import MANIFEST, ImageSpec, format_image_folder
+from ddpflow.workloads.vision.image_folder import DatasetError, list_image_folder
+from ddpflow.workloads.vision.objects import ImageReadError
 from tests.pngs import png
 
 REPO = Path(__file__).resolve().parents[2]
@@ -24,7 +24,7 @@ SPECIAL = ["cat/fifo.png", "cat/zero.png", "dog/escape.png"]
 # is, so the child gets an address-space limit and the test a time limit.
 CHILD = """
 import json, sys
-from ddpflow.vision.data import ImageSpec, format_image_folder
+from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
 root, artifacts, max_bad = sys.argv[1], sys.argv[2], float(sys.argv[3])
 try:
     result = format_image_folder(root, artifacts, ImageSpec(8), 0.25, 0, max_bad)

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ddpflow_flows.params import ImageParams, ParameterError, validate_params
+from flows.params import ImageParams, ParameterError, validate_params
 
 VALID: dict[str, Any] = {
     "source": None,

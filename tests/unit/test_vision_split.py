@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from ddpflow.vision.split import num_held_out, stratified_split
+from ddpflow.workloads.vision.split import num_held_out, stratified_split
 
 COUNTS = {0: 100, 1: 37, 2: 10, 3: 2, 4: 1}
 KEYS = [f"{c}/{i:03d}.png" for c, n in COUNTS.items() for i in range(n)]

@@ -1,6 +1,6 @@
 """The settings a real worker process of ddpflow's LocalCluster runs with.
 
-ddpflow.cluster sets them in the flow's process; a worker process gets them only if the nanny
+ddpflow.cluster.build sets them in the flow's process; a worker process gets them only if the nanny
 hands them over, so this asks one real worker (one LocalCluster worker, a few seconds).
 """
 
@@ -14,7 +14,7 @@ import dask
 import distributed
 import pytest
 
-from ddpflow.cluster import local_cluster
+from ddpflow.cluster.build import local_cluster
 
 
 @pytest.fixture(scope="module")

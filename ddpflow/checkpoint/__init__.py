@@ -1,0 +1,1 @@
+"""Checkpoints: the stored format, the latest pointer, and positions inside an epoch."""

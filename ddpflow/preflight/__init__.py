@@ -1,0 +1,1 @@
+"""Pre-flight: every component proven to work before expensive or stateful work."""

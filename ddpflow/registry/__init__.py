@@ -1,0 +1,1 @@
+"""The model registry: registration, reading without running code, promotion."""

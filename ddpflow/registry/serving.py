@@ -1,0 +1,48 @@
+"""What a registered model serves, and its registration: one path for every workload.
+
+A workload's model returns (logits, loss); MLflow serves `forward(x) -> logits`. Each
+version is registered from a checkpoint and tagged with it (ddpflow.registry.read), because that
+checkpoint, not the registered code, is what champion/challenger scoring loads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from ddpflow.registry.read import tag_checkpoint
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import register_pt2_model
+
+
+class LogitsOnly(nn.Module):
+    """forward(x) -> logits of a model whose forward returns (logits, loss)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x)[0]
+
+
+def register_checkpoint_model(
+    run: RunRef,
+    model: nn.Module,
+    example: np.ndarray,
+    registered_name: str,
+    checkpoint_uri: str,
+    quiet_warnings: Sequence[Mapping[str, Any]] = (),
+) -> str:
+    """Register `model` (loaded from `checkpoint_uri`) as a new version serving logits for
+    inputs like `example`, tag the version with its checkpoint; the version number."""
+    version = register_pt2_model(
+        run, LogitsOnly(model).eval(), example, registered_name, quiet_warnings
+    )
+    tag_checkpoint(MlflowClient(run.tracking_uri), registered_name, version, checkpoint_uri)
+    return version

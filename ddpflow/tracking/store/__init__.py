@@ -1,0 +1,1 @@
+"""The embedded MLflow store (SQLite): creation and the installed template."""

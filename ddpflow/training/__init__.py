@@ -1,0 +1,1 @@
+"""Training on a TrainContext: settings, the context, the loop, progress, speed."""

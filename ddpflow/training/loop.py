@@ -1,0 +1,261 @@
+"""fit(): the training loop. It receives built objects; it parses no config and builds nothing.
+
+Works unchanged for 1 and N ranks: collectives on a group of one are no-ops, and the only
+rank-dependent behaviour (logging, checkpoint writes) comes in through `logger` (a no-op on
+ranks other than 0) and `save_checkpoint`, which is called on rank 0 only.
+
+Optional `FitHooks` let a workload add what its loop needs without a second loop: its own
+validation (e.g. loss and accuracy in one pass), extra per-step metrics (accuracy, lr) and an
+end-of-epoch step (e.g. ReduceLROnPlateau), which runs before the epoch's checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ddpflow.checkpoint.steps import (
+    CheckpointClock,
+    CheckpointSchedule,
+    EpochPosition,
+    StepCheckpointer,
+    gather_loss_sums,
+    step_seed,
+)
+from ddpflow.checkpoint.store import unwrap
+from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.graceful_stop import StopRequested
+from ddpflow.tracking.loggers import MetricLogger, flush_logger
+from ddpflow.training.batching import epoch_batches
+from ddpflow.training.progress.events import StepReporter, StepWindow
+from ddpflow.training.progress.reporter import FitProgress
+from ddpflow.training.result import EpochStats
+from ddpflow.training.samples import Samples
+from ddpflow.training.speed.device import TrainSpeed
+from ddpflow.training.validation import Loss, all_reduce_sum, evaluate_loss, forward
+
+Evaluate = Callable[[nn.Module], Mapping[str, float]]
+StepMetrics = Callable[[torch.Tensor, torch.Tensor], Mapping[str, float]]
+# save_checkpoint(epochs_done) at an epoch end, (epochs_done, position) inside an epoch.
+SaveCheckpoint = Callable[..., None]
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    epochs: int
+    batch_size: int
+    seed: int
+    start_epoch: int = 0
+    log_every_steps: int = 20
+    eval_batch_size: int = 8192
+    # Dask event topic for rank 0's step progress (ddpflow.training.progress.events); None:
+    # not sent.
+    progress_topic: str | None = None
+    checkpoints: CheckpointSchedule = field(default_factory=CheckpointSchedule)
+    resume_at: EpochPosition | None = None  # from a checkpoint inside epoch start_epoch
+
+
+@dataclass(frozen=True)
+class FitHooks:
+    """Optional additions to fit(). Each is called on every rank, so collectives are allowed.
+
+    evaluate: replaces evaluate_loss; gets the unwrapped model and returns metrics that are
+        identical on every rank (all-reduced), including "val_loss".
+    step_metrics: extra training metrics from one step's (logits, targets), e.g. accuracy;
+        averaged over the logging window like train_loss.
+    on_epoch_end: called after validation and before the checkpoint, so state it changes
+        (a scheduler's) is in that epoch's checkpoint.
+    speed: the rank's resolved speed settings (ddpflow.training.speed.device): host-to-device
+        copies, autocast around the training forward, backward and step through its GradScaler.
+        None: plain fp32 steps.
+    loss: `loss(outputs, targets)` for a model called as `model(inputs)`; None: the model
+        is called as `model(inputs, targets)` and returns (outputs, loss) itself.
+    """
+
+    evaluate: Evaluate | None = None
+    step_metrics: StepMetrics | None = None
+    on_epoch_end: Callable[[EpochStats], None] | None = None
+    speed: TrainSpeed | None = None
+    loss: Loss | None = None
+
+
+def fit(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    train: Samples,
+    val: Samples,
+    ctx: RankContext,
+    logger: MetricLogger,
+    save_checkpoint: SaveCheckpoint,
+    plan: FitPlan,
+    hooks: FitHooks | None = None,
+) -> list[EpochStats]:
+    """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints.
+
+    Each rank trains on its part of `train` (ddpflow.training.samples: a count and `batch(index)`)
+    and validates on its shard of `val`.
+
+    `save_checkpoint(epochs_done)` is called on rank 0 at each epoch end, and
+    `save_checkpoint(epochs_done, position)` inside an epoch when plan.checkpoints says so.
+    """
+    hooks = hooks or FitHooks()
+    history = []
+    steps_per_epoch = len(_batches(len(train), plan, ctx, 0))
+    progress = FitProgress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
+    position = plan.resume_at
+    if position is not None and position.epoch != plan.start_epoch:
+        raise ValueError(f"resume_at is inside epoch {position.epoch}, not {plan.start_epoch}")
+    if position is not None:
+        progress.report(
+            f"resuming at epoch {position.epoch + 1}/{plan.epochs}, step "
+            f"{position.step}/{steps_per_epoch} (a checkpoint inside the epoch)"
+        )
+    elif plan.start_epoch > 0:
+        progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
+    clock = CheckpointClock(plan.checkpoints, ctx.world_size, ctx.device)
+    steps = StepCheckpointer(clock, save_checkpoint)
+    for epoch in range(plan.start_epoch, plan.epochs):
+        started = time.perf_counter()
+        train_loss, num_samples = _train_epoch(
+            model=model,
+            optimizer=optimizer,
+            data=train,
+            ctx=ctx,
+            logger=logger,
+            plan=plan,
+            epoch=epoch,
+            first_step=epoch * steps_per_epoch,
+            step_metrics=hooks.step_metrics,
+            progress=progress,
+            speed=hooks.speed,
+            loss_fn=hooks.loss,
+            resume_at=position,
+            checkpoints=steps,
+        )
+        position = None
+        elapsed = time.perf_counter() - started
+        val_metrics = _validate(model, val, ctx, plan, hooks)
+        val_loss = val_metrics.pop("val_loss")
+        stats = EpochStats(
+            epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed, val_metrics
+        )
+        _log_epoch(logger, stats)
+        progress.epoch_done(stats)
+        if hooks.on_epoch_end is not None:
+            hooks.on_epoch_end(stats)
+        # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
+        with ctx.rank0_io("checkpoint"):
+            if ctx.is_main:
+                flush_logger(logger)  # a resume never re-logs the epochs before its checkpoint
+                save_checkpoint(stats.epoch)
+        clock.written()
+        ctx.heartbeat()  # validation and the checkpoint write are done
+        history.append(stats)
+    return history
+
+
+def _validate(
+    model: nn.Module, val: Samples, ctx: RankContext, plan: FitPlan, hooks: FitHooks
+) -> dict[str, float]:
+    if hooks.evaluate is not None:
+        metrics = dict(hooks.evaluate(unwrap(model)))
+        if "val_loss" not in metrics:
+            raise ValueError(f"FitHooks.evaluate must return 'val_loss', got {sorted(metrics)}")
+        return metrics
+    loss = evaluate_loss(unwrap(model), val, ctx, plan.eval_batch_size, hooks.loss)
+    return {"val_loss": loss}
+
+
+def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
+    logger.log_metrics(
+        {
+            "epoch_train_loss": stats.train_loss,
+            "val_loss": stats.val_loss,
+            "epoch_samples_per_s": stats.samples_per_s,
+            "epoch_time_s": stats.epoch_time_s,
+            **stats.val_metrics,
+        },
+        step=stats.epoch,
+    )
+
+
+def _batches(
+    num_samples: int, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
+) -> list[torch.Tensor]:
+    return epoch_batches(
+        num_samples, plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch, start
+    )
+
+
+def _train_epoch(
+    *,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: Samples,
+    ctx: RankContext,
+    logger: MetricLogger,
+    plan: FitPlan,
+    epoch: int,
+    first_step: int,
+    step_metrics: StepMetrics | None = None,
+    progress: FitProgress | None = None,
+    resume_at: EpochPosition | None = None,
+    checkpoints: StepCheckpointer | None = None,
+    speed: TrainSpeed | None = None,
+    loss_fn: Loss | None = None,
+) -> tuple[float, int]:
+    """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks)."""
+    speed = speed or TrainSpeed(device=ctx.device)
+    model.train()
+    loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
+    window = StepWindow()
+    done, start = 0, 0
+    if resume_at is not None:  # go on where the checkpoint inside this epoch left off
+        done, start = resume_at.step, resume_at.samples
+        loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
+        if ctx.is_main:  # rank 0's window: the next log line averages the same steps
+            window = StepWindow.from_state(resume_at.window)
+    batches = _batches(len(data), plan, ctx, epoch, start)
+    end = done + len(batches)
+    global_batch = plan.batch_size * ctx.world_size
+    for i, index in enumerate(batches, start=done):
+        # Dropout (any torch RNG use) depends only on (seed, rank, epoch, step): a resume
+        # from any checkpoint, inside an epoch or at its end, repeats the same draws.
+        torch.manual_seed(step_seed(plan.seed, ctx.rank, epoch, i))
+        x, y = data.batch(index)
+        x, y = speed.to_device(x), speed.to_device(y)
+        optimizer.zero_grad(set_to_none=True)
+        with speed.autocast():
+            logits, loss = forward(model, x, y, loss_fn)
+        speed.backward_and_step(loss, optimizer)
+        ctx.heartbeat(first_step + i + 1)  # the launcher fails a rank that stops stepping
+        batch_loss = loss.item()
+        loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)
+        extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
+        window.add(batch_loss, len(index), extra)
+        if (i + 1) % plan.log_every_steps == 0:
+            metrics = window.metrics(ctx.world_size)
+            logger.log_metrics(metrics, step=first_step + i + 1)
+            if progress is not None:
+                progress.step(epoch, i + 1, metrics["train_loss"])
+            window = StepWindow()
+        if checkpoints is None or i + 1 == end:
+            continue  # an epoch's last step: its epoch-end checkpoint follows
+        due, stop = checkpoints.clock.check(i + 1)
+        if due:
+            sums = gather_loss_sums(loss_sum, ctx.world_size, ctx.device)
+            samples = start + (i + 1 - done) * global_batch  # all steps but the last are full
+            position = EpochPosition(epoch, i + 1, samples, ctx.world_size, sums, window.state())
+            checkpoints.write(ctx, logger, position)
+        if stop is not None:
+            raise StopRequested(
+                f"{stop}; the group checkpointed at epoch {epoch + 1} step {i + 1} and "
+                "resumes there"
+            )
+    all_reduce_sum(loss_sum, ctx)
+    return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])

@@ -1,0 +1,29 @@
+"""What a training returns, free of torch: the flow process unpickles it when training ends
+and has not imported torch (importing it would add seconds to every run's start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ddpflow.tracking.spool import Unsent
+
+
+@dataclass(frozen=True)
+class EpochStats:
+    epoch: int
+    train_loss: float
+    val_loss: float
+    samples_per_s: float
+    epoch_time_s: float
+    val_metrics: dict[str, float] = field(default_factory=dict)  # besides val_loss (hooks)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one rank of a workload's training returns (both built-in workloads)."""
+
+    rank: int
+    history: list[EpochStats]
+    latest_checkpoint: str | None  # rank 0's; None on the other ranks
+    # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking.spool).
+    unsent: tuple[Unsent, ...] = ()

@@ -1,0 +1,62 @@
+"""What fit() trains and validates on: a number of samples and the batch of chosen ones.
+
+fit() picks sample indices (each rank its part of an epoch's order, ddpflow.training.batching) and
+asks the data for their batch; it never sees how samples are stored. Anything with
+`__len__` and `batch(index) -> (inputs, targets)` will do: the image workload's splits
+(uint8 images and labels), or rows of one tensor made into a batch (`TensorSamples`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+ToBatch = Callable[[torch.Tensor], Batch]
+
+
+class Samples(Protocol):
+    def __len__(self) -> int: ...
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        """(inputs, targets) of the samples at `index` (a 1-D int64 tensor), on the CPU."""
+        ...
+
+
+@dataclass(frozen=True)
+class TensorSamples:
+    """The rows of one tensor, made into (inputs, targets) by `to_batch` (e.g. the pet-name
+    model's uint8 windows into one-hot inputs and next-character targets)."""
+
+    data: torch.Tensor
+    to_batch: ToBatch
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        return self.to_batch(self.data[index])
+
+
+@dataclass(frozen=True)
+class TensorPairs:
+    """Inputs and targets as two tensors of the same length (row i of each is sample i)."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+
+    def __post_init__(self) -> None:
+        if len(self.inputs) != len(self.targets):
+            raise ValueError(
+                f"TensorPairs got {len(self.inputs)} inputs but {len(self.targets)} targets: "
+                "pass one target per input row"
+            )
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+    def batch(self, index: torch.Tensor) -> Batch:
+        return self.inputs[index], self.targets[index]

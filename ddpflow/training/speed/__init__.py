@@ -1,0 +1,1 @@
+"""Training speed: what a user asks (torch-free) and what runs on a device."""

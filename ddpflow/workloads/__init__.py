@@ -1,0 +1,1 @@
+"""The built-in workloads: the char-LM, images, sweeps and scaling runs."""

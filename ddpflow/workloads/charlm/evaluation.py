@@ -1,0 +1,105 @@
+"""Held-out evaluation, name generation and model registration for the pet-name model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from mlflow.tracking import MlflowClient
+
+from ddpflow import storage
+from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.distributed.context import RankContext
+from ddpflow.registry.serving import register_checkpoint_model
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.training.samples import TensorSamples
+from ddpflow.training.validation import evaluate_loss
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.data import FormattedCorpus, load_windows
+from ddpflow.workloads.charlm.formatting import split_xy
+from ddpflow.workloads.charlm.model import CharLSTM
+from ddpflow.workloads.charlm.sampling import generate_names
+from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
+
+SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    val_loss: float
+    names: list[str]
+    novel_fraction: float
+    checkpoint_uri: str
+    epoch: int
+
+
+def load_model(checkpoint_uri: str) -> tuple[CharLSTM, int]:
+    state = CheckpointStore(checkpoint_uri.rsplit("/", 1)[0]).load(checkpoint_uri)
+    model = CharLSTM(CharLSTMConfig.from_dict(state["model_config"]))
+    model.load_state_dict(state["model_state"])
+    return model.eval(), int(state["epoch"])
+
+
+def evaluate_checkpoint(
+    checkpoint_uri: str, val_uri: str, train_names_uri: str, num_names: int, seed: int
+) -> EvalResult:
+    """Validation loss on the holdout and names sampled with the tutorial's rule (see sampling)."""
+    torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
+    model, epoch = load_model(checkpoint_uri)
+    val = TensorSamples(load_windows(val_uri), split_xy)
+    val_loss = evaluate_loss(model, val, SINGLE, batch_size=8192)
+    names = generate_names(model, num_names, seed=seed)
+    known = set(json.loads(storage.read_bytes(train_names_uri)))
+    novel = sum(1 for n in names if n and n not in known) / max(1, len(names))
+    return EvalResult(val_loss, names, novel, checkpoint_uri, epoch)
+
+
+def log_evaluation(run: RunRef, result: EvalResult) -> None:
+    client = MlflowClient(run.tracking_uri)
+    client.log_metric(run.run_id, "final_val_loss", result.val_loss, step=result.epoch)
+    client.log_metric(run.run_id, "novel_name_fraction", result.novel_fraction, step=result.epoch)
+    client.log_text(run.run_id, "\n".join(result.names) + "\n", "evaluation/generated_names.txt")
+
+
+def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
+    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
+    return (
+        f"# Pet-name model evaluation\n\n"
+        f"| | |\n|---|---|\n"
+        f"| MLflow run | `{run.run_id}` |\n"
+        f"| epoch | {result.epoch} |\n"
+        f"| holdout loss | {result.val_loss:.4f} |\n"
+        f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
+        f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
+        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
+        f"## Generated names\n\n{names}\n"
+    )
+
+
+def save_report(report_dir: str, result: EvalResult, markdown: str) -> list[str]:
+    """The evaluation as markdown (for people) and JSON (for tools) in the artifact store."""
+    md_uri = storage.join(report_dir, "evaluation.md")
+    json_uri = storage.join(report_dir, "evaluation.json")
+    storage.write_bytes(md_uri, markdown.encode())
+    storage.write_bytes(json_uri, json.dumps(asdict(result), indent=2).encode())
+    return [md_uri, json_uri]
+
+
+def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:
+    """Register the checkpoint's model; it serves symbol indices [N, 8] -> logits.
+
+    The version is tagged with its checkpoint: that is what the champion/challenger step
+    scores, so it never has to load (and run) what the registry holds.
+    """
+    model, _ = load_model(checkpoint_uri)
+    return register_checkpoint_model(
+        run,
+        model,
+        np.zeros((2, CONTEXT_LEN), dtype=np.int64),
+        registered_name,
+        checkpoint_uri,
+        # torch.export notes that nn.LSTM re-assigns its flat weights; harmless for serving.
+        quiet_warnings=[{"message": ".*were assigned during export.*"}],
+    )

@@ -1,0 +1,40 @@
+"""A pet-name training job: what every rank needs, as URIs and numbers, free of torch.
+
+The flows build it in a process that starts without torch (importing it would add seconds to every
+run's start); ddpflow.workloads.charlm.training.train_rank runs it on each rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.training.settings import TrainSettings, workload_settings
+from ddpflow.training.speed.settings import PLAIN, SpeedSettings
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+
+
+@dataclass(frozen=True)
+class CharLMTrainJob:
+    """Everything a rank needs, as URIs and numbers (it crosses the network to each worker)."""
+
+    train_uri: str
+    val_uri: str
+    model: CharLSTMConfig
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    checkpoint_root: str
+    keep_last: int
+    run: RunRef
+    log_every_steps: int = 20
+    speed: SpeedSettings = PLAIN
+    # Checkpoints inside an epoch (ddpflow.checkpoint.steps); 0 turns a trigger off.
+    checkpoint_every_steps: int = 0
+    checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
+
+    def train_settings(self) -> TrainSettings:
+        """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""
+        return workload_settings(self.checkpoint_root, self.keep_last, self.seed, self.run.run_id)

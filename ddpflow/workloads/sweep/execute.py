@@ -1,0 +1,172 @@
+"""One trial's life: its child MLflow run, its job, its launch, and what became of it.
+
+The launch itself is injected (`TrainFn`): the flow launches the trial's DDP group on its
+Dask workers, the benchmark can also train in its own process. Whatever fails, the child
+run ends FAILED with the error as a tag and the other trials carry on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddpflow import storage
+from ddpflow.tracking.inspection import DatasetRef, log_datasets
+from ddpflow.tracking.loggers import MlflowLogger, RunRef
+from ddpflow.tracking.run import end_run, metric_history, start_run
+from ddpflow.training.result import EpochStats, TrainResult
+from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.data import FormattedCorpus
+from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.sweep.config import TRIAL_FIELDS, TrialConfig, TrialSpec
+from ddpflow.workloads.sweep.trial import elapsed_by_epoch
+
+ERROR_TAG = "ddpflow.error"
+FAILURE_KIND_TAG = "ddpflow.failure"  # "invalid" (never launched) or "crash"
+WORKERS_TAG = "ddpflow.workers"  # the Dask workers a trial trained on
+MAX_TAG_LEN = 5000
+# The metrics fit() logs per epoch, in EpochStats' field order after `epoch`.
+_EPOCH_METRICS = ("epoch_train_loss", "val_loss", "epoch_samples_per_s", "epoch_time_s")
+TrainFn = Callable[[CharLMTrainJob, list[str]], TrainResult]
+
+
+@dataclass(frozen=True)
+class SweepSetup:
+    """What every trial of one sweep shares."""
+
+    corpus: FormattedCorpus
+    parent: RunRef
+    experiment: str
+    artifact_root: str
+    artifact_location: str | None
+    keep_last: int
+    params: Mapping[str, Any] = field(default_factory=dict)  # logged on every child run
+    tags: Mapping[str, str] = field(default_factory=dict)
+    datasets: Sequence[DatasetRef] = ()  # logged as every trained child run's inputs
+    # What each rank asks of its worker (DDPFLOW_RANK_RESOURCES, e.g. {"GPU": 1}).
+    rank_resources: Mapping[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    spec: TrialSpec
+    run_id: str
+    completed: bool
+    history: list[EpochStats] = field(default_factory=list)
+    checkpoint_uri: str | None = None
+    workers: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def status(self) -> str:
+        return "completed" if self.completed else "failed"
+
+    @property
+    def final_val_loss(self) -> float:
+        return self.history[-1].val_loss if self.completed and self.history else math.nan
+
+    @property
+    def elapsed_s(self) -> float:
+        elapsed = elapsed_by_epoch(self.history)
+        return elapsed[-1][1] if elapsed else math.nan
+
+
+def _start_child(spec: TrialSpec, setup: SweepSetup, workers: list[str] | None = None) -> RunRef:
+    label = spec.config.label() if spec.config else "invalid"
+    return start_run(
+        setup.parent.tracking_uri,
+        setup.experiment,
+        run_name=f"{spec.name} {label}",
+        # Only known fields: an unknown key may not even be a legal MLflow param name.
+        params={**setup.params, **_known(spec.values), "trial": spec.index},
+        tags={
+            **setup.tags,
+            "ddpflow.trial": str(spec.index),
+            **({WORKERS_TAG: " ".join(workers)} if workers else {}),
+        },
+        artifact_location=setup.artifact_location,
+        parent_run_id=setup.parent.run_id,
+    )
+
+
+def _known(values: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if k in TRIAL_FIELDS and v is not None}
+
+
+def fail_run(run: RunRef, kind: str, error: str) -> None:
+    """End `run` FAILED with why (`ddpflow.error`) and how (`ddpflow.failure`) as tags."""
+    MlflowLogger(run).set_tags({ERROR_TAG: error[:MAX_TAG_LEN], FAILURE_KIND_TAG: kind})
+    end_run(run, failed=True)
+
+
+def reject_trial(spec: TrialSpec, setup: SweepSetup) -> TrialOutcome:
+    """An invalid trial is never launched; its child run records why, FAILED at once."""
+    error = "invalid trial config: " + "; ".join(spec.errors)
+    run = _start_child(spec, setup)
+    fail_run(run, "invalid", error)
+    return TrialOutcome(spec, run.run_id, completed=False, error=error)
+
+
+def trial_job(config: TrialConfig, setup: SweepSetup, run: RunRef) -> CharLMTrainJob:
+    return CharLMTrainJob(
+        train_uri=setup.corpus.train_uri,
+        val_uri=setup.corpus.val_uri,
+        model=CharLSTMConfig(
+            hidden_size=config.hidden_size, num_layers=config.num_layers, dropout=config.dropout
+        ),
+        epochs=config.epochs,
+        batch_size=config.batch_size,
+        lr=config.lr,
+        seed=config.seed,
+        # Under the trial's own run id, like train-charlm: trials never share a folder.
+        checkpoint_root=storage.join(setup.artifact_root, "runs", run.run_id, "checkpoints"),
+        keep_last=setup.keep_last,
+        run=run,
+    )
+
+
+def partial_history(run: RunRef) -> list[EpochStats]:
+    """The epochs a crashed trial finished, read back from its run (for the plots)."""
+    try:
+        series = {k: dict(metric_history(run, k)) for k in _EPOCH_METRICS}
+    except Exception:  # noqa: BLE001 - curves are a nicety; the failure is already recorded
+        return []
+    epochs = sorted(set.intersection(*(set(v) for v in series.values())))
+    return [EpochStats(e, *(series[k][e] for k in _EPOCH_METRICS)) for e in epochs]
+
+
+def run_trial(
+    spec: TrialSpec, workers: list[str], setup: SweepSetup, train: TrainFn
+) -> TrialOutcome:
+    """Train one valid trial on `workers`; a crash becomes a failed outcome, not an exception."""
+    assert spec.config is not None, "invalid trials go to reject_trial"
+    run = _start_child(spec, setup, workers)
+    try:
+        if setup.datasets:
+            log_datasets(run, setup.datasets)
+        result = train(trial_job(spec.config, setup, run), workers)
+    except Exception as error:  # noqa: BLE001 - one trial's crash must not stop the sweep
+        message = f"{type(error).__name__}: {error}"
+        fail_run(run, "crash", message)
+        return TrialOutcome(
+            spec,
+            run.run_id,
+            completed=False,
+            history=partial_history(run),
+            workers=workers,
+            error=message,
+        )
+    except BaseException:
+        end_run(run, failed=True)  # interrupted: record it, then stop the sweep
+        raise
+    end_run(run)
+    return TrialOutcome(
+        spec,
+        run.run_id,
+        completed=True,
+        history=list(result.history),
+        checkpoint_uri=result.latest_checkpoint,
+        workers=workers,
+    )

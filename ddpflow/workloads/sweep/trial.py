@@ -1,0 +1,52 @@
+"""What one trial runs on its ranks: the pet-name training plus the sweep's own metrics."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+from ddpflow.training.result import EpochStats, TrainResult
+from ddpflow.workloads.charlm.job import CharLMTrainJob
+
+if TYPE_CHECKING:
+    from ddpflow.training.context import TrainContext
+
+ELAPSED_METRIC = "elapsed_s"
+FINAL_VAL_LOSS_METRIC = "final_val_loss"
+
+
+def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
+    """(epoch, training seconds since the trial started): the tutorial's `elapsed_time_sec`.
+
+    It sums the epochs' training time, so validation and checkpoint writes (the same cost
+    for every trial of a model size) do not blur the comparison of batch sizes and rates.
+    """
+    totals = itertools.accumulate(s.epoch_time_s for s in history)
+    return [(s.epoch, total) for s, total in zip(history, totals, strict=True)]
+
+
+def trial_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
+    """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
+    # Imported on the rank: the sweep's flow process imports this module without torch.
+    from ddpflow.workloads.charlm.training import train_rank
+
+    result = train_rank(ctx, job)
+    if ctx.is_main:
+        _log_trial_metrics(job, result.history)
+    return result
+
+
+def _log_trial_metrics(job: CharLMTrainJob, history: Sequence[EpochStats]) -> None:
+    now_ms = int(time.time() * 1000)
+    metrics = [Metric(ELAPSED_METRIC, s, now_ms, epoch) for epoch, s in elapsed_by_epoch(history)]
+    if history:
+        # The last epoch's holdout loss (full holdout, eval mode): what trials are ranked by.
+        last = history[-1]
+        metrics.append(Metric(FINAL_VAL_LOSS_METRIC, last.val_loss, now_ms, last.epoch))
+    if metrics:
+        MlflowClient(job.run.tracking_uri).log_batch(job.run.run_id, metrics=metrics)

@@ -1,0 +1,76 @@
+"""Classification metrics: loss and accuracy over a split (sharded over ranks), confusion."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ddpflow.distributed.context import RankContext
+from ddpflow.training.batching import shard
+from ddpflow.workloads.vision.data import ImageSplit
+
+
+@torch.no_grad()
+def predict(
+    model: nn.Module,
+    images: torch.Tensor,
+    batch_size: int,
+    on_batch: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Logits for `images`, in eval mode, batch by batch (CPU result); `on_batch` is called
+    after each batch (a rank's heartbeat: a long validation is progress too)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    logits = []
+    for chunk in images.split(batch_size):
+        logits.append(model(chunk.to(device))[0].cpu())
+        if on_batch is not None:
+            on_batch()
+    model.train(was_training)
+    return torch.cat(logits) if logits else torch.empty(0)
+
+
+def evaluate_split(
+    model: nn.Module, split: ImageSplit, ctx: RankContext, batch_size: int
+) -> dict[str, float]:
+    """val_loss and val_accuracy over the whole split, each rank scoring its own shard."""
+    index = shard(len(split.labels), ctx.rank, ctx.world_size)
+    logits = predict(model, split.images[index], batch_size, on_batch=ctx.heartbeat)
+    labels = split.labels[index]
+    totals = torch.tensor(
+        [
+            F.cross_entropy(logits, labels, reduction="sum").item() if len(labels) else 0.0,
+            (logits.argmax(1) == labels).sum().item() if len(labels) else 0.0,
+            float(len(labels)),
+        ],
+        dtype=torch.float64,
+    )
+    if ctx.world_size > 1:
+        moved = totals.to(ctx.device)  # nccl reduces GPU tensors, gloo CPU ones
+        dist.all_reduce(moved, op=dist.ReduceOp.SUM)
+        totals = moved.cpu()
+    loss_sum, correct, count = totals.tolist()
+    if not count:
+        return {"val_loss": float("nan"), "val_accuracy": float("nan")}
+    return {"val_loss": loss_sum / count, "val_accuracy": correct / count}
+
+
+def batch_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    return (logits.argmax(1) == targets).float().mean().item()
+
+
+def confusion_matrix(targets: torch.Tensor, predictions: torch.Tensor, num_classes: int) -> list:
+    """counts[true][predicted] as nested lists of ints."""
+    flat = targets.long() * num_classes + predictions.long()
+    counts = torch.bincount(flat, minlength=num_classes * num_classes)
+    return counts.view(num_classes, num_classes).tolist()
+
+
+def per_class_accuracy(confusion: list[list[int]]) -> list[float | None]:
+    """Share of each true class predicted correctly (recall); None for a class with no sample."""
+    return [row[i] / sum(row) if sum(row) else None for i, row in enumerate(confusion)]

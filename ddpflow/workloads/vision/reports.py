@@ -1,0 +1,72 @@
+"""The evaluation as files: confusion matrix (CSV for tools, PNG for people), per-class JSON.
+
+Plots use `matplotlib.figure.Figure` directly, not pyplot: no global state and no GUI
+backend, so they render in any thread and on machines without a display (Agg).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+
+from matplotlib.figure import Figure
+
+from ddpflow.workloads.vision.metrics import per_class_accuracy
+
+MAX_ANNOTATED_CLASSES = 30  # beyond this, counts in cells are unreadable
+
+
+def confusion_csv(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -> str:
+    """Rows are true classes, columns predicted ones; the header row names the columns."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["true\\predicted", *classes])
+    for name, row in zip(classes, confusion, strict=True):
+        writer.writerow([name, *row])
+    return buffer.getvalue()
+
+
+def read_confusion_csv(text: str) -> tuple[list[str], list[list[int]]]:
+    rows = list(csv.reader(io.StringIO(text)))
+    return rows[0][1:], [[int(v) for v in row[1:]] for row in rows[1:]]
+
+
+def per_class_report(
+    classes: Sequence[str], confusion: Sequence[Sequence[int]]
+) -> dict[str, dict[str, float | int | None]]:
+    """{class: {accuracy, correct, support}}; accuracy is None for a class with no sample."""
+    accuracy = per_class_accuracy([list(r) for r in confusion])
+    return {
+        name: {"accuracy": accuracy[i], "correct": int(confusion[i][i]), "support": sum(row)}
+        for i, (name, row) in enumerate(zip(classes, confusion, strict=True))
+    }
+
+
+def per_class_json(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -> str:
+    return json.dumps(per_class_report(classes, confusion), indent=2)
+
+
+def confusion_png(classes: Sequence[str], confusion: Sequence[Sequence[int]], title: str) -> bytes:
+    size = min(14.0, 3.0 + 0.45 * len(classes))
+    figure = Figure(figsize=(size, size * 0.9), dpi=100)
+    axes = figure.add_subplot()
+    image = axes.imshow(confusion, cmap="Blues")
+    figure.colorbar(image, ax=axes, fraction=0.046, pad=0.04)
+    ticks = range(len(classes))
+    axes.set_xticks(ticks, labels=list(classes), rotation=90 if len(classes) > 10 else 0)
+    axes.set_yticks(ticks, labels=list(classes))
+    axes.set_xlabel("predicted class")
+    axes.set_ylabel("true class")
+    axes.set_title(title)
+    if len(classes) <= MAX_ANNOTATED_CLASSES:
+        peak = max((max(row) for row in confusion), default=0)
+        for i, row in enumerate(confusion):
+            for j, count in enumerate(row):
+                color = "white" if count > peak / 2 else "black"
+                axes.text(j, i, str(count), ha="center", va="center", color=color, fontsize=8)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()

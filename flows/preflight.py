@@ -1,0 +1,123 @@
+"""The pre-flight every flow runs first: store, tracking, cluster. Seconds, and nothing written."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import distributed
+from prefect.settings import PREFECT_API_URL
+
+from ddpflow.config import ARTIFACT_ROOT_ENV, DASK_ADDRESS_ENV, TRACKING_URI_ENV, Settings
+from ddpflow.distributed import RankAssignment, cluster_workers, plan_ranks
+from ddpflow.distributed.planning import workers_with_resources
+from ddpflow.preflight.checks import (
+    API_PROBE_TIMEOUT_S,
+    PreflightError,
+    check_artifact_store,
+    check_tracking,
+    check_workers_reach,
+    check_workers_reach_api,
+    probe_http_off_loop,
+)
+from ddpflow.preflight.folder_probe import probe_folder_off_loop
+from ddpflow.storage.redact import redact_url
+from flows.runner import prefect_api_url
+from tasks.flow_client import current_dask_client
+
+# Slack on top of the probe's own timeout for the scheduler's round trip to every worker.
+PROBE_SLACK_S = 10.0
+
+
+def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssignment]:
+    """Check the artifact store, MLflow and the Dask cluster; return the rank plan."""
+    check_artifact_store(settings.artifact_root)
+    check_tracking(settings.tracking_uri)
+    try:
+        client = current_dask_client()
+        workers = cluster_workers(client)
+    except OSError as error:  # distributed raises OSError/TimeoutError when it cannot connect
+        raise PreflightError(
+            f"Dask scheduler {settings.dask_address} is not reachable ({error}). Start it or "
+            f"fix {DASK_ADDRESS_ENV}."
+        ) from error
+    # The LocalCluster a flow starts runs on this host with the API URL in its environment;
+    # any other cluster's workers may sit where the API cannot be reached.
+    if settings.cluster_kind != "local":
+        check_workers_reach_flow_api(client)
+        check_workers_reach_stores(client, settings)
+    if settings.rank_resources:  # ranks only on workers that declare them, e.g. GPU=1
+        workers = workers_with_resources(workers, settings.rank_resources, world_size)
+    return plan_ranks(workers, world_size)
+
+
+def rank_workers(world_size: int | None = None) -> list[str]:
+    """The cluster's workers that may run a rank, sorted: all of them, or only those that
+    declare DDPFLOW_RANK_RESOURCES (PlanError when fewer than `world_size` do)."""
+    workers = cluster_workers(current_dask_client())
+    resources = Settings.from_env().rank_resources
+    if resources:  # e.g. {"GPU": 1}: ranks run on GPU workers only
+        workers = workers_with_resources(workers, resources, world_size)
+    return sorted(workers)
+
+
+def check_workers_reach_flow_api(
+    client: distributed.Client, api_url: str | None = None, timeout_s: float = API_PROBE_TIMEOUT_S
+) -> None:
+    """Ask every worker, bounded in time, whether it reaches the flow's Prefect API."""
+    url = api_url or prefect_api_url()
+    if not url:
+        return
+
+    def probe_workers(health_url: str, probe_timeout_s: float) -> Mapping[str, object]:
+        return client.run(
+            probe_http_off_loop,
+            health_url,
+            timeout=probe_timeout_s,
+            on_error="return",
+            callback_timeout=probe_timeout_s + PROBE_SLACK_S,
+        )
+
+    embedded = api_url is None and not PREFECT_API_URL.value()
+    check_workers_reach_api(url, probe_workers, timeout_s, embedded=embedded)
+
+
+SHARED_FOLDER_FIX = "mount one shared folder at the same path on every host, or use s3://"
+
+
+def check_workers_reach_stores(
+    client: distributed.Client, settings: Settings, timeout_s: float = API_PROBE_TIMEOUT_S
+) -> None:
+    """Workers on other hosts write to the artifact store and rank 0 logs to MLflow: a local
+    folder or SQLite file must be the same shared folder there, a server reachable."""
+
+    def on_workers(probe, target: str):  # noqa: ANN001, ANN202
+        return lambda: client.run(
+            probe, target, on_error="return", callback_timeout=timeout_s + PROBE_SLACK_S
+        )
+
+    tracking = settings.tracking_uri
+    if tracking.startswith(("http://", "https://")):
+        health = f"{tracking.rstrip('/')}/health"
+        check_workers_reach(
+            f"MLflow tracking server {redact_url(tracking)}",
+            f"where rank 0 logs metrics and checkpoints; GET {redact_url(health)} failed",
+            on_workers(probe_http_off_loop, health),
+            f"Run the server on an address the workers reach and set {TRACKING_URI_ENV} to it.",
+        )
+    elif tracking.startswith("sqlite:///"):
+        folder = str(Path(tracking.removeprefix("sqlite:///")).parent)
+        check_workers_reach(
+            f"the MLflow SQLite store's folder {folder}",
+            "where rank 0 logs metrics and checkpoints",
+            on_workers(probe_folder_off_loop, folder),
+            f"Set {TRACKING_URI_ENV} to an MLflow server the workers reach, or mount one "
+            "shared folder at the same path on every host.",
+        )
+    if "://" not in settings.artifact_root:
+        check_workers_reach(
+            f"the artifact store {settings.artifact_root}",
+            "where every rank reads data and rank 0 writes checkpoints",
+            on_workers(probe_folder_off_loop, settings.artifact_root),
+            f"Set {ARTIFACT_ROOT_ENV} to a folder every host sees: {SHARED_FOLDER_FIX}.",
+        )

@@ -1,0 +1,35 @@
+"""Pet-name model with DDP: download -> format -> train (DDP) -> evaluate -> register.
+
+Run it: `python -m flows.train_charlm --epochs 2` (or `make demo`).
+"""
+
+from __future__ import annotations
+
+if __name__ == "__main__":
+    # A command line: the embedded API and the cluster start while the imports below load.
+    from flows.early_api import start_services
+
+    start_services()
+
+from ddpflow.config import Settings
+from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
+from flows.cli import run_cli
+from flows.defaults import TRAIN_CHARLM
+from flows.param_flow import FlowParameters, flow
+from flows.params import CharLMParams
+from flows.runner import dask_task_runner
+
+PARAMETERS = FlowParameters(TRAIN_CHARLM, (CharLMParams,))
+
+
+@flow(PARAMETERS, name="train-charlm", task_runner=dask_task_runner(), log_prints=True)
+def train_charlm(params: CharLMParams) -> CharLMSummary:
+    """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
+    settings = Settings.from_env()
+    summary, _, _ = run_charlm_pipeline(params, settings)
+    print(summary.render(settings))
+    return summary
+
+
+if __name__ == "__main__":
+    run_cli(train_charlm)

@@ -1,0 +1,86 @@
+"""The local stack's credentials, made fresh at every `up` and kept in `<dir>/secrets` (0700).
+
+What each protects (every service also listens on 127.0.0.1 only):
+- Dask: mutual TLS. The scheduler and workers accept only connections that present a
+  certificate signed by the stack's CA, so nobody without `secrets/tls/key.pem` can submit
+  pickled functions to the workers (which hold the S3 keys).
+- Prefect: HTTP basic auth on the API (`PREFECT_SERVER_API_AUTH_STRING` on the server,
+  `PREFECT_API_AUTH_STRING` on clients), so nobody else can create flow runs that the
+  process worker would execute.
+- MLflow: the `basic-auth` app; clients log in with MLFLOW_TRACKING_USERNAME/PASSWORD, so
+  nobody else can change runs, the registry or the `champion` alias.
+The servers' health endpoints stay open: they say "up" and nothing else.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.certs import TlsFiles, make_certs
+from infra.private import private_dir, write_private
+
+PREFECT_USER = "ddpflow"
+MLFLOW_ADMIN = "ddpflow"
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """Credentials and certificate paths of one stack."""
+
+    dir: Path
+    prefect_auth_string: str
+    mlflow_password: str
+    flask_secret_key: str
+    tls: TlsFiles
+
+    @classmethod
+    def create(cls, folder: Path) -> StackSecrets:
+        """New credentials, a new CA and certificate, and MLflow's auth config, in folder."""
+        folder = private_dir(folder, fresh=True)  # an old auth DB would keep an old password
+        made = cls(
+            dir=folder,
+            prefect_auth_string=f"{PREFECT_USER}:{_token()}",
+            mlflow_password=_token(),
+            flask_secret_key=_token(),
+            tls=make_certs(folder / "tls"),
+        )
+        write_private(made.mlflow_auth_config, made._mlflow_ini())
+        return made
+
+    @property
+    def mlflow_auth_config(self) -> Path:
+        return self.dir / "mlflow-auth.ini"
+
+    def _mlflow_ini(self) -> str:
+        # The auth DB holds password hashes: it lives in the private folder too.
+        # NO_PERMISSIONS: a user added later sees nothing until granted.
+        return "\n".join([
+            "[mlflow]",
+            "default_permission = NO_PERMISSIONS",
+            f"database_uri = sqlite:///{self.dir / 'mlflow-auth.db'}",
+            f"admin_username = {MLFLOW_ADMIN}",
+            f"admin_password = {self.mlflow_password}",
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+            "",
+        ])  # fmt: skip
+
+    def client_env(self) -> dict[str, str]:
+        """What a flow, a test or a shell needs to use the stack's servers."""
+        return {
+            "PREFECT_API_AUTH_STRING": self.prefect_auth_string,
+            "MLFLOW_TRACKING_USERNAME": MLFLOW_ADMIN,
+            "MLFLOW_TRACKING_PASSWORD": self.mlflow_password,
+            **self.tls.dask_env(("CLIENT",)),
+        }
+
+    def mlflow_server_env(self) -> dict[str, str]:
+        return {
+            "MLFLOW_AUTH_CONFIG_PATH": str(self.mlflow_auth_config),
+            "MLFLOW_FLASK_SERVER_SECRET_KEY": self.flask_secret_key,
+        }

@@ -1,0 +1,80 @@
+"""ddpflow.run() as a Prefect task, for a user's own flow: `ddpflow.run_in_flow(train, ...)`.
+
+It does what the built-in flows' `train-ddp` tasks do around a training: takes the flow's
+Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. flows.runner's),
+sends each ctx.report() line to the task's Prefect log, logs each restart as a warning, and
+shows the steps of a training on ddpflow.fit as the task's progress artifact.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext
+
+from ddpflow.api import run
+from ddpflow.distributed.elastic import Restart
+from tasks.flow_client import current_dask_client
+from tasks.progress_artifact import topic_progress
+
+R = TypeVar("R")
+PROGRESS_KEY = "ddp-train-progress"
+
+
+# NO_CACHE: the inputs are a function and its arguments, which Prefect cannot hash
+# reliably, and a training must run each time its flow does.
+@task(name="ddp-train", cache_policy=NO_CACHE)
+def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> R:
+    """Rank 0's result of ddpflow.run(client, train, *args, **options) on the flow's cluster."""
+    logger = get_run_logger()  # fetched here: the callbacks run on the Dask client's thread
+    client = current_dask_client()
+    on_progress = options.pop("on_progress", None)
+    on_restart = options.pop("on_restart", None)
+
+    def progress(line: str) -> None:
+        logger.info(line)
+        if on_progress is not None:
+            on_progress(line)
+
+    def restarted(restart: Restart) -> None:
+        logger.warning(
+            "DDP group restart %d (world size %s): %s",
+            restart.attempt,
+            restart.world_size or "all",
+            restart.cause,
+        )
+        if on_restart is not None:
+            on_restart(restart)
+
+    # A training on ddpflow.fit posts its steps here: the task's progress artifact.
+    topic = options.pop("progress_topic", None) or f"ddpflow-progress-{uuid.uuid4().hex}"
+    with topic_progress(client, topic, PROGRESS_KEY, "DDP training"):
+        return run(
+            client,
+            train,
+            *args,
+            on_progress=progress,
+            on_restart=restarted,
+            progress_topic=topic,
+            **options,
+        )
+
+
+def run_in_flow(train: Callable[..., R], *args: Any, **options: Any) -> R:
+    """Inside a flow on a DaskTaskRunner: the `ddp-train` task, called directly (not
+    submitted) so ddpflow.run() waits in the flow process and every Dask worker is left to
+    a rank. `options` are ddpflow.run()'s keyword arguments."""
+    if "client" in options:
+        raise TypeError("run_in_flow() uses the flow's Dask client: do not pass client=")
+    # Checked here, not by the task: a task called outside a flow runs on its own, and
+    # would start a Prefect API server before failing for want of a Dask cluster.
+    if FlowRunContext.get() is None:
+        raise RuntimeError(
+            "run_in_flow() must be called inside a Prefect flow (on a DaskTaskRunner); "
+            "outside one, call ddpflow.run(client, train, ...) with a Dask client"
+        )
+    return ddp_train(train, args, dict(options))

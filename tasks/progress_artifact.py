@@ -1,0 +1,128 @@
+"""A training's progress in Prefect: a progress artifact that follows rank 0's steps.
+
+The artifact is created at 0 % when the training task starts (so it belongs to that task
+run and its flow run), updated with rank 0's `StepProgress` events (percent of all steps,
+latest losses in its description) and set to 100 % when the training returned. Dask hands
+the events over on its client's event loop, where a blocking Prefect call must not run, so
+the updates go through a thread of their own, newest first and at most one every
+`min_interval_s`. Prefect being slow or down never slows or fails the training.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+from uuid import UUID
+
+import distributed
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+from ddpflow.storage.redact import redact_text
+from ddpflow.training.progress.events import StepProgress, progress_topic
+
+log = logging.getLogger(__name__)
+CLOSE_TIMEOUT_S = 15.0
+
+
+class ProgressArtifact:
+    """One Prefect progress artifact, updated from any thread without waiting."""
+
+    # Every 5 s: each update is a write on the Prefect server, which on a small machine shares
+    # the cores with the ranks; a person watching needs no finer grain.
+    def __init__(self, key: str, title: str, min_interval_s: float = 5.0):
+        self.key, self.title, self.min_interval_s = key, title, min_interval_s
+        self.artifact_id: UUID | None = None
+        self.latest: StepProgress | None = None
+        self._pending: StepProgress | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Create the artifact at 0 % (in the caller's Prefect run context) and the updater."""
+        try:
+            self.artifact_id = create_progress_artifact(
+                0.0, key=self.key, description=f"{self.title}: starting", _sync=True
+            )
+        except Exception as error:  # noqa: BLE001 - progress display is not the training
+            log.warning("no progress artifact %s: %s", self.key, redact_text(str(error)))
+            return
+        context = contextvars.copy_context()  # the same Prefect settings and client
+        self._thread = threading.Thread(
+            target=context.run, args=(self._run,), name=f"progress-{self.key}", daemon=True
+        )
+        self._thread.start()
+
+    def on_event(self, event: tuple[float, Any]) -> None:
+        """A Dask topic handler: keep the newest progress, wake the updater."""
+        progress = StepProgress.from_event(event[1])
+        if progress is None:
+            return
+        with self._lock:
+            if self.latest is None or progress.step >= self.latest.step:
+                self.latest = self._pending = progress
+        self._wake.set()
+
+    def finish(self, succeeded: bool) -> None:
+        """100 % after a training that returned; else the last state, marked as failed."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(CLOSE_TIMEOUT_S)
+        latest = self.latest
+        if succeeded:
+            done = f"done, {latest.describe()}" if latest else "done"
+            self._push(100.0, f"{self.title}: {done}")
+        else:
+            where = latest.describe() if latest else "before the first step"
+            self._push(latest.percent if latest else 0.0, f"{self.title}: failed at {where}")
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            with self._lock:
+                progress, self._pending = self._pending, None
+            if progress is not None and not self._stop.is_set():
+                self._push(progress.percent, f"{self.title}: {progress.describe()}")
+                self._stop.wait(self.min_interval_s)
+
+    def _push(self, percent: float, description: str) -> None:
+        if self.artifact_id is None:
+            return
+        try:
+            update_progress_artifact(self.artifact_id, percent, description, _sync=True)
+        except Exception as error:  # noqa: BLE001 - progress display is not the training
+            log.warning("progress artifact %s not updated: %s", self.key, redact_text(str(error)))
+
+
+@contextmanager
+def training_progress(
+    client: distributed.Client, run_id: str, key: str, title: str
+) -> Iterator[ProgressArtifact]:
+    """Show the training of MLflow run `run_id` as the progress artifact `key` meanwhile."""
+    with topic_progress(client, progress_topic(run_id), key, title) as artifact:
+        yield artifact
+
+
+@contextmanager
+def topic_progress(
+    client: distributed.Client, topic: str, key: str, title: str
+) -> Iterator[ProgressArtifact]:
+    """The progress artifact `key`, following the StepProgress events posted on `topic`."""
+    artifact = ProgressArtifact(key, title)
+    artifact.start()
+    client.subscribe_topic(topic, artifact.on_event)
+    succeeded = False
+    try:
+        yield artifact
+        succeeded = True
+    finally:
+        client.unsubscribe_topic(topic)
+        artifact.finish(succeeded)

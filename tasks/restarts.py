@@ -1,0 +1,116 @@
+"""One DDP training with healing restarts: the `train-ddp` task every workload runs."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact
+
+from ddpflow.api import rank_entry
+from ddpflow.config import LaunchSettings
+from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import log_restart
+from ddpflow.training.result import TrainResult
+from tasks.flow_client import current_dask_client
+from tasks.progress_artifact import training_progress
+from tasks.tracking_report import publish_unsent
+
+if TYPE_CHECKING:
+    from ddpflow.training.context import TrainContext
+
+
+@dataclass(frozen=True)
+class RankFunction:
+    """A workload's rank function named "module:function" and imported on the rank.
+
+    The launcher runs in the flow process, which starts without torch (seconds of every run's
+    start); the rank functions' modules import it. Named, the function crosses to the
+    workers as two strings and is imported there, where torch is loaded already.
+    """
+
+    path: str
+
+    def __call__(self, ctx: TrainContext, job: Any) -> TrainResult:
+        module, _, name = self.path.partition(":")
+        return getattr(importlib.import_module(module), name)(ctx, job)
+
+
+@dataclass(frozen=True)
+class DDPWorkload:
+    """What sets one workload's training apart: its rank function and its Prefect artifacts."""
+
+    rank_fn: RankFunction
+    restarts_key: str  # the restarts table
+    progress_key: str  # the progress over all attempts
+    incomplete_key: str  # the logging calls the MLflow run lacks
+
+
+@task(name="train-ddp")
+def train_ddp(
+    workload: DDPWorkload,
+    job: Any,
+    world_size: int | None,
+    rank_timeout_s: float,
+    max_restarts: int = 2,
+    min_workers: int | None = None,
+    *,
+    launch: LaunchSettings,
+) -> TrainResult:
+    """Rank 0's result of `workload.rank_fn(ctx, job)`, healed and resumed after failures.
+
+    `rank_fn` is a training function of the public API (ctx: a TrainContext), launched as
+    ddpflow.run() launches one; `job.train_settings()` gives its checkpoint folder and seed.
+
+    Call it directly from the flow (not .submit): the launcher then runs in the flow
+    process, and no task holds a worker thread while the ranks wait. Each restart is
+    counted on the MLflow run, and all of them are listed in the Prefect artifact
+    `restarts_key`. The progress over all attempts is the progress artifact `progress_key`.
+    Logging calls rank 0 could not get into MLflow (its `unsent`) are listed in the Prefect
+    artifact `incomplete_key`.
+    """
+    run: RunRef = job.run
+    client = current_dask_client()
+    with training_progress(client, run.run_id, workload.progress_key, "DDP training"):
+        results, restarts = launch_with_restarts(
+            client,
+            rank_entry,
+            workload.rank_fn,
+            (job,),
+            job.train_settings(),
+            run,
+            world_size=world_size,
+            min_workers=min_workers,
+            timeout_s=rank_timeout_s,
+            max_restarts=max_restarts,
+            on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
+            heal_timeout_s=launch.heal_timeout_s,
+            resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
+            on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
+        )
+    if restarts:
+        create_markdown_artifact(
+            markdown=restarts_markdown(run, restarts),
+            key=workload.restarts_key,
+            description="DDP group restarts",
+        )
+    result, unsent = results[0]
+    if unsent:
+        publish_unsent(run, unsent, workload.incomplete_key)
+    return replace(result, unsent=unsent)
+
+
+def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
+    rows = "\n".join(
+        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.restarted_workers) or '-'} "
+        f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
+        for r in restarts
+    )
+    return (
+        f"# DDP restarts of MLflow run `{run.run_id}`\n\n"
+        "| restart | world size after | restarted (hung) workers | heal time | cause |\n"
+        f"|---|---|---|---|---|\n{rows}\n"
+    )

@@ -1,0 +1,51 @@
+"""Prefect tasks for the sweep: each calls ddpflow and returns small typed results."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from prefect import get_run_logger, task
+
+from ddpflow.api import rank_entry
+from ddpflow.distributed import launch
+from ddpflow.training.result import TrainResult
+from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.sweep import trial_rank
+from tasks.flow_client import current_dask_client
+from tasks.progress_artifact import training_progress
+
+TABLE_KEY = "charlm-sweep"
+
+
+@task(name="train-trial", task_run_name="train-trial-{index}")
+def train_trial(
+    index: int,
+    job: CharLMTrainJob,
+    workers: list[str],
+    rank_timeout_s: float,
+    rank_resources: Mapping[str, float] | None,
+) -> TrainResult:
+    """One trial's DDP group on its own workers.
+
+    Called directly from a flow thread (not .submit): the launcher must run in the flow
+    process, never in a task that holds a worker thread.
+    """
+    client = current_dask_client()
+    key = f"charlm-trial-{index}-progress"
+    with training_progress(client, job.run.run_id, key, f"trial {index}"):
+        results = launch(
+            client,
+            rank_entry,
+            trial_rank,
+            (job,),
+            job.train_settings(),
+            job.run,
+            world_size=len(workers),
+            workers=workers,
+            timeout_s=rank_timeout_s,
+            resources=dict(rank_resources) if rank_resources else None,
+            on_progress=get_run_logger().info,  # in this trial task's log
+        )
+    result, unsent = results[0]
+    return replace(result, unsent=unsent)
