@@ -5,7 +5,8 @@ own loop, or `ddpflow.fit(ctx, ...)`, the loop the built-in workloads use) and r
 `ddpflow.run(client, train, ...)`, or inside a Prefect flow with
 `ddpflow.run_in_flow(train, ...)`. The names load on first use, so `import ddpflow` stays
 cheap (no torch, Dask or MLflow import) for code that needs only a submodule; only
-run_in_flow loads prefect (it lives in tasks/, since the library never imports prefect).
+run_in_flow loads prefect: it lives in ddpflow.integrations.prefect, the one part of the
+library that imports it, loaded only then.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ if TYPE_CHECKING:
         WorkersNotBack,
     )
     from ddpflow.distributed.failures import LaunchError
+    from ddpflow.integrations.prefect.run_in_flow import run_in_flow
     from ddpflow.training.context import Stateful, TrainContext
     from ddpflow.training.fit import fit
     from ddpflow.training.loop import FitHooks
     from ddpflow.training.result import EpochStats
     from ddpflow.training.samples import Samples, TensorPairs, TensorSamples
-    from tasks.ddp import run_in_flow
 
 _EXPORTS = {
     "run": "ddpflow.api",
@@ -37,7 +38,7 @@ _EXPORTS = {
     "Samples": "ddpflow.training.samples",
     "TensorSamples": "ddpflow.training.samples",
     "TensorPairs": "ddpflow.training.samples",
-    "run_in_flow": "tasks.ddp",
+    "run_in_flow": "ddpflow.integrations.prefect.run_in_flow",
     "TrainContext": "ddpflow.training.context",
     "Stateful": "ddpflow.training.context",
     "Restart": "ddpflow.distributed.elastic",

@@ -12,11 +12,11 @@ from prefect.artifacts import create_markdown_artifact
 from ddpflow.api import rank_entry
 from ddpflow.config import LaunchSettings
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.integrations.prefect.flow_client import current_dask_client
+from ddpflow.integrations.prefect.progress_artifact import training_progress
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import log_restart
 from ddpflow.training.result import TrainResult
-from tasks.flow_client import current_dask_client
-from tasks.progress_artifact import training_progress
 from tasks.tracking_report import publish_unsent
 
 if TYPE_CHECKING:

@@ -9,11 +9,11 @@ from prefect import get_run_logger, task
 
 from ddpflow.api import rank_entry
 from ddpflow.distributed import launch
+from ddpflow.integrations.prefect.flow_client import current_dask_client
+from ddpflow.integrations.prefect.progress_artifact import training_progress
 from ddpflow.training.result import TrainResult
 from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep import trial_rank
-from tasks.flow_client import current_dask_client
-from tasks.progress_artifact import training_progress
 
 TABLE_KEY = "charlm-sweep"
 

@@ -23,7 +23,7 @@ def test_every_flow_module_imports_without_torch_and_starts_nothing():
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
         "    importlib.import_module(name)\n"
-        "import ddpflow, ddpflow.api, tasks.ddp\n"
+        "import ddpflow, ddpflow.api, ddpflow.integrations.prefect.run_in_flow\n"
         f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
         "import psutil\n"
         "print(len(psutil.Process().children(recursive=True)))\n"

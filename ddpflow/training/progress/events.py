@@ -2,8 +2,8 @@
 
 Rank 0 sends a `StepProgress` on the run's topic (keyed by the MLflow run id, so it is the
 same topic across restarts) at most every few seconds and at each epoch's end; the flow
-process follows the topic (tasks.progress_artifact) and shows it in Prefect. Sending is a
-local call on the worker: it never blocks or fails a step.
+process follows the topic (ddpflow.integrations.prefect.progress_artifact) and shows it in
+Prefect. Sending is a local call on the worker: it never blocks or fails a step.
 """
 
 from __future__ import annotations

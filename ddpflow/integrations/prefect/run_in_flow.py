@@ -18,8 +18,8 @@ from prefect.context import FlowRunContext
 
 from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
-from tasks.flow_client import current_dask_client
-from tasks.progress_artifact import topic_progress
+from ddpflow.integrations.prefect.flow_client import current_dask_client
+from ddpflow.integrations.prefect.progress_artifact import topic_progress
 
 R = TypeVar("R")
 PROGRESS_KEY = "ddp-train-progress"
