@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ddpflow.api import run
+    from ddpflow.checkpoint.reading import LoadedCheckpoint, load_checkpoint
     from ddpflow.distributed.elastic import (
         RepeatedFailure,
         Restart,
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "run": "ddpflow.api",
+    "load_checkpoint": "ddpflow.checkpoint.reading",
+    "LoadedCheckpoint": "ddpflow.checkpoint.reading",
     "fit": "ddpflow.training.fit",
     "FitHooks": "ddpflow.training.loop",
     "EpochStats": "ddpflow.training.loop",
@@ -51,6 +54,7 @@ __all__ = [
     "EpochStats",
     "FitHooks",
     "LaunchError",
+    "LoadedCheckpoint",
     "RepeatedFailure",
     "Restart",
     "RestartsExhausted",
@@ -61,6 +65,7 @@ __all__ = [
     "TrainContext",
     "WorkersNotBack",
     "fit",
+    "load_checkpoint",
     "run",
     "run_in_flow",
 ]

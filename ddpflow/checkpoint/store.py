@@ -58,7 +58,7 @@ class Stateful(Protocol):
 
 
 STATE_SUFFIX = "_state"
-_RESERVED = {"format_version", "epoch", "position"}
+RESERVED_KEYS = {"format_version", "epoch", "position"}
 
 
 def pack_state(
@@ -74,11 +74,11 @@ def pack_state(
 
 def check_info(info: Mapping[str, Any] | None) -> None:
     """Checkpoint info keys must not shadow the format's own keys."""
-    clashes = sorted(k for k in info or {} if k in _RESERVED or k.endswith(STATE_SUFFIX))
+    clashes = sorted(k for k in info or {} if k in RESERVED_KEYS or k.endswith(STATE_SUFFIX))
     if clashes:
         raise ValueError(
             f"checkpoint info keys {clashes} are reserved: rename them (not "
-            f"{sorted(_RESERVED)}, not ending in {STATE_SUFFIX!r})"
+            f"{sorted(RESERVED_KEYS)}, not ending in {STATE_SUFFIX!r})"
         )
 
 
