@@ -18,9 +18,9 @@ from ddpflow.checkpoint.steps import EpochPosition
 from ddpflow.checkpoint.store import (
     FORMAT_VERSION,
     POINTER_NAME,
-    RESERVED_KEYS,
     STATE_SUFFIX,
     Stateful,
+    info_values,
     saved_names,
     unwrap,
 )
@@ -68,14 +68,12 @@ def load_checkpoint(uri: str, **objects: Stateful) -> LoadedCheckpoint:
     for name, obj in objects.items():
         unwrap(obj).load_state_dict(state[name + STATE_SUFFIX])
     position = state.get("position")
-    objects_or_format = RESERVED_KEYS | {name + STATE_SUFFIX for name in names}
-    info = {k: v for k, v in state.items() if k not in objects_or_format}
     return LoadedCheckpoint(
         uri=file_uri,
         step=int(state["epoch"]),
         names=names,
         position=EpochPosition.from_dict(position) if position else None,
-        info=info,
+        info=info_values(state),
         format_version=version,
     )
 

@@ -87,6 +87,13 @@ def saved_names(state: Mapping[str, Any]) -> list[str]:
     return sorted(k.removesuffix(STATE_SUFFIX) for k in state if k.endswith(STATE_SUFFIX))
 
 
+def info_values(state: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain `info` values saved beside the objects (neither format keys nor states)."""
+    return {
+        k: v for k, v in state.items() if k not in RESERVED_KEYS and not k.endswith(STATE_SUFFIX)
+    }
+
+
 def unpack_state(state: Mapping[str, Any], objects: Mapping[str, Stateful], uri: str) -> int:
     """Load a checkpoint into the named objects, which must be exactly the ones it holds;
     the epoch (or step) it was saved after."""
@@ -227,17 +234,17 @@ def _is_checkpoint_name(name: str) -> bool:
 
 def resume_from(
     store: CheckpointStore, objects: Mapping[str, Stateful]
-) -> tuple[int, EpochPosition | None]:
+) -> tuple[int, EpochPosition | None, dict[str, Any]]:
     """Load the latest complete checkpoint into the named objects: the epochs (or steps) it
-    was saved after (0: none yet), and where inside the next epoch it was taken (None: at
-    an epoch's end)."""
+    was saved after (0: none yet), where inside the next epoch it was taken (None: at an
+    epoch's end), and the plain `info` values saved beside the objects."""
     uri = store.latest_uri()
     if uri is None:
-        return 0, None
+        return 0, None, {}
     state = store.load(uri)
     epoch = unpack_state(state, objects, uri)
     position = state.get("position")
-    return epoch, EpochPosition.from_dict(position) if position else None
+    return epoch, EpochPosition.from_dict(position) if position else None, info_values(state)
 
 
 def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:

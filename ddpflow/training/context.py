@@ -211,8 +211,14 @@ class TrainContext:
     def resume_position(self, **objects: Stateful) -> tuple[int, EpochPosition | None]:
         """resume(), plus where inside the next epoch the checkpoint was taken (None: at
         an epoch's end), for loops that checkpoint inside epochs (ddpflow.fit)."""
+        return self.resume_checkpoint(**objects)[:2]
+
+    def resume_checkpoint(
+        self, **objects: Stateful
+    ) -> tuple[int, EpochPosition | None, dict[str, Any]]:
+        """resume_position(), plus the plain `info` values the checkpoint holds ({}: none)."""
         if self._store is None:
-            return 0, None
+            return 0, None, {}
         return resume_from(self._store, objects)
 
     def _require_store(self, what: str) -> CheckpointStore:

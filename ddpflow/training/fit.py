@@ -9,6 +9,7 @@ and the Prefect progress artifact. Both built-in workloads train through it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -55,19 +56,25 @@ def fit(
     done and the position inside the next epoch) at every epoch's end and as scheduled inside
     epochs. Without one, it trains from scratch and checkpoints nothing.
 
-    Returns the stats of the epochs this call trained (none when the checkpoint was final).
+    Returns the stats of every epoch of the training, those trained before a restart included:
+    each checkpoint carries the epochs done so far (its `fit_history` info value).
     """
     hooks = hooks or FitHooks()
     check_fit(ctx, model, epochs, batch_size, log_every_steps, state)
     objects: dict[str, Stateful] = {"model": model, "optimizer": optimizer, **(state or {})}
     if hooks.speed is not None:
         objects["scaler"] = hooks.speed
-    start_epoch, position = ctx.resume_position(**objects)
+    start_epoch, position, saved = ctx.resume_checkpoint(**objects)
+    # The epochs before a restart: the relaunched call returns them too.
+    history = [EpochStats(**stats) for stats in saved.get(HISTORY_INFO, [])]
 
     def save_checkpoint(epochs_done: int, position: EpochPosition | None = None) -> None:
         if not ctx.can_checkpoint:
             return  # no checkpoint folder: the training is not resumable, by choice
-        values = info(epochs_done, position) if callable(info) else info
+        values = dict((info(epochs_done, position) if callable(info) else info) or {})
+        if HISTORY_INFO in values:
+            raise ValueError(f"fit(info=...) names {HISTORY_INFO!r}, which fit keeps: rename it")
+        values[HISTORY_INFO] = [asdict(stats) for stats in history]
         ctx.write_checkpoint(epochs_done, objects, position=position, info=values)
 
     plan = FitPlan(
@@ -91,10 +98,12 @@ def fit(
         save_checkpoint=save_checkpoint,
         plan=plan,
         hooks=hooks,
+        history=history,
     )
 
 
 OWN_NAMES = ("model", "optimizer", "scaler")
+HISTORY_INFO = "fit_history"  # the checkpoint's info value with the epochs' stats so far
 
 
 def check_fit(

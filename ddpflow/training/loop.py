@@ -94,6 +94,7 @@ def fit(
     save_checkpoint: SaveCheckpoint,
     plan: FitPlan,
     hooks: FitHooks | None = None,
+    history: list[EpochStats] | None = None,
 ) -> list[EpochStats]:
     """Train for plan.epochs; epochs are numbered from 1 in metrics and checkpoints.
 
@@ -104,7 +105,7 @@ def fit(
     `save_checkpoint(epochs_done, position)` inside an epoch when plan.checkpoints says so.
     """
     hooks = hooks or FitHooks()
-    history = []
+    history = [] if history is None else history
     steps_per_epoch = len(_batches(len(train), plan, ctx, 0))
     progress = FitProgress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
     position = plan.resume_at
@@ -148,6 +149,7 @@ def fit(
         progress.epoch_done(stats)
         if hooks.on_epoch_end is not None:
             hooks.on_epoch_end(stats)
+        history.append(stats)  # before the checkpoint, which carries it (ddpflow.fit)
         # Nobody starts the next epoch before its checkpoint exists: a restart resumes there.
         with ctx.rank0_io("checkpoint"):
             if ctx.is_main:
@@ -155,7 +157,6 @@ def fit(
                 save_checkpoint(stats.epoch)
         clock.written()
         ctx.heartbeat()  # validation and the checkpoint write are done
-        history.append(stats)
     return history
 
 

@@ -75,7 +75,7 @@ def train(
     data = torch.randn(48, 4)
     model = Dropping()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
-    start_epoch, position = resume_from(store, {"model": model, "optimizer": optimizer})
+    start_epoch, position, _ = resume_from(store, {"model": model, "optimizer": optimizer})
     taken = 0
 
     def to_batch(index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -264,3 +264,33 @@ def test_fit_refuses_bad_input_before_reading_any_checkpoint(tmp_path, kwargs, m
             **options,
         )
     assert not (tmp_path / "c").exists()
+
+
+def test_fit_returns_every_epoch_after_a_resume(tmp_path):
+    """docs/api.md "ddpflow.fit": a relaunched fit (after a restart) returns the epochs before
+    it too, read from the checkpoint, equal to what the first call returned for them."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4, generator=gen)
+    y = (x[:, 0] > 0).long()
+
+    def call(epochs: int, info=None) -> list:
+        torch.manual_seed(0)
+        net = nn.Linear(4, 2)
+        return ddpflow.fit(
+            context(rank=0, world_size=1, checkpoint_dir=str(tmp_path / "ckpt")),
+            model=net,
+            optimizer=torch.optim.SGD(net.parameters(), lr=0.5),
+            train=ddpflow.TensorPairs(x, y),
+            val=ddpflow.TensorPairs(x, y),
+            epochs=epochs,
+            batch_size=8,
+            hooks=ddpflow.FitHooks(loss=nn.functional.cross_entropy),
+            info=info,
+        )
+
+    first = call(2)  # stands for the attempt a lost worker ended after epoch 2
+    resumed = call(4)
+    assert [s.epoch for s in resumed] == [1, 2, 3, 4]
+    assert resumed[:2] == first
+    with pytest.raises(ValueError, match="'fit_history', which fit keeps"):
+        call(5, info={"fit_history": []})
