@@ -105,12 +105,14 @@ def train_ddp(
 
 def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
     rows = "\n".join(
-        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.restarted_workers) or '-'} "
+        f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.lost_workers) or '-'} "
+        f"| {', '.join(r.new_workers) or '-'} | {', '.join(r.restarted_workers) or '-'} "
         f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
         for r in restarts
     )
     return (
         f"# DDP restarts of MLflow run `{run.run_id}`\n\n"
-        "| restart | world size after | restarted (hung) workers | heal time | cause |\n"
-        f"|---|---|---|---|---|\n{rows}\n"
+        "| restart | world size after | lost workers | new workers | restarted (hung) workers "
+        "| heal time | cause |\n"
+        f"|---|---|---|---|---|---|---|\n{rows}\n"
     )

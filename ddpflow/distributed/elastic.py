@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import distributed
@@ -48,9 +48,14 @@ class Restart:
     attempt: int
     cause: str
     failed_ranks: list[str]
-    restarted_workers: list[str]
+    restarted_workers: list[str]  # unresponsive (hung) workers ddpflow restarted itself
     world_size: int
     heal_s: float
+    # The cluster's workers that were gone when the group relaunched, and those that had
+    # joined since the failed attempt started (a nanny's replacement for a killed worker
+    # has a new address; so does an autoscaler's new node), whoever restarted them.
+    lost_workers: list[str] = field(default_factory=list)
+    new_workers: list[str] = field(default_factory=list)
 
 
 class RestartsExhausted(LaunchError):
@@ -99,6 +104,7 @@ def launch_with_restarts(
     size = world_size
     before_training: set[str] = set()  # the last attempt's causes, if it failed before a step
     while True:
+        known = set(cluster_workers(client))
         try:
             results = launch(
                 client,
@@ -126,8 +132,16 @@ def launch_with_restarts(
             _wait_for_leavers(client, error)
             restarted = heal(client, heal_timeout_s)
             size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
+            now = set(cluster_workers(client))
             restart = Restart(
-                len(restarts) + 1, str(error), failed, restarted, size, time.monotonic() - started
+                attempt=len(restarts) + 1,
+                cause=str(error),
+                failed_ranks=failed,
+                restarted_workers=restarted,
+                world_size=size,
+                heal_s=time.monotonic() - started,
+                lost_workers=sorted(known - now),
+                new_workers=sorted(now - known),
             )
             restarts.append(restart)
             if on_restart is not None:

@@ -101,6 +101,10 @@ def test_a_killed_worker_costs_one_restart_and_the_resume_is_exact(
     assert len(restarts) == 1, restarts
     assert addresses[killed[0]] in restarts[0].cause, "the cause names the lost worker"
     assert restarts[0].world_size == 2 and restarts[0].restarted_workers == []
+    # The killed worker is named lost, and its nanny's replacement (a new address) new.
+    assert restarts[0].lost_workers == [addresses[killed[0]]], restarts[0]
+    (replacement,) = restarts[0].new_workers
+    assert replacement not in addresses.values()
     reference_state = final_state(reference["folder"] / "checkpoints")
     state = final_state(tmp_path / "checkpoints")
     assert state["model"].keys() == reference_state["model"].keys()
