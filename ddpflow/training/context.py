@@ -8,9 +8,11 @@ ddpflow.run() hands each rank. The built-in workloads run on it too, through ddp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, overload
 
+import distributed
 import torch
 from torch import nn
 
@@ -72,6 +74,19 @@ class TrainContext:
     def run_id(self) -> str | None:
         """The MLflow run this training logs into, or None when it is not tracked."""
         return self._settings.run_id
+
+    @property
+    def worker_address(self) -> str | None:
+        """The address of the Dask worker this rank runs in (None: not in a Dask worker)."""
+        try:
+            return distributed.get_worker().address
+        except ValueError:  # no worker in this thread: a rank started some other way
+            return None
+
+    @property
+    def pid(self) -> int:
+        """This rank's process id: to watch, profile or signal the rank."""
+        return os.getpid()
 
     @property
     def progress_topic(self) -> str | None:

@@ -136,3 +136,10 @@ class _KilledMidEpoch:
 def digits_fit_killed_mid_epoch(ctx: ddpflow.TrainContext, epochs: int) -> float:
     """examples/digits_fit's training, with rank 1 killed inside epoch 2."""
     return digits_fit.train(_KilledMidEpoch(ctx), epochs)
+
+
+def where_each_rank_runs(ctx: ddpflow.TrainContext) -> list[tuple[int, str | None, int]]:
+    """Every rank's (rank, worker address, pid), gathered to each rank."""
+    gathered: list[Any] = [None] * ctx.world_size
+    torch.distributed.all_gather_object(gathered, (ctx.rank, ctx.worker_address, ctx.pid))
+    return gathered

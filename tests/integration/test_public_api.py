@@ -74,6 +74,15 @@ def test_the_digits_example_trains_and_is_tracked(reference):
     assert epochs == list(range(1, EPOCHS + 1)), reference["lines"]
 
 
+# docs/api.md "TrainContext": each rank knows the Dask worker it runs in and its process id.
+def test_each_rank_knows_its_worker_and_process(dask_client):
+    dask_client.wait_for_workers(2, timeout=120)
+    pids = dask_client.run(os.getpid)  # worker address -> pid of its process
+    ranks = ddpflow.run(dask_client, functions.where_each_rank_runs, world_size=2)
+    assert sorted(rank for rank, _, _ in ranks) == [0, 1]
+    assert {address: pid for _, address, pid in ranks} == pids
+
+
 # docs/api.md "Restarts and exact resume": a worker killed mid-run costs one restart, the
 # training resumes from its latest checkpoint, and the final weights are bitwise those of
 # the uninterrupted run; the metrics of re-run epochs are not logged twice.
