@@ -13,7 +13,7 @@ from typing import Any
 
 import distributed
 
-from ddpflow.distributed.failures import LaunchError, RankFailure, describe
+from ddpflow.distributed.failures import LaunchError, RankFailure, describe, root_causes_first
 from ddpflow.distributed.leaving import left_cause, stopping_workers, wait_for_group_stop
 from ddpflow.distributed.planning import RankAssignment
 from ddpflow.distributed.watchdog import StepWatch
@@ -142,7 +142,7 @@ def _raise_on_lost_workers(
         for a, f in zip(plan, futures, strict=True)
         if a not in left and f.status in ("error", "cancelled", "lost")
     ]
-    failures.sort(key=_by_rank)
+    failures = root_causes_first(failures)
     raise LaunchError(describe("stopped" if stopping else "failed", failures), failures)
 
 
@@ -161,7 +161,7 @@ def _raise_on_failures(
             # StopRequested comes milliseconds after its peer's, and its worker then goes).
             failures = _failed_ranks(plan, futures)
             failed = {f.rank for f in failures}
-            failures = sorted(failures + [f for f in lost if f.rank not in failed], key=_by_rank)
+            failures = root_causes_first(failures + [f for f in lost if f.rank not in failed])
         raise LaunchError(describe(verb, failures), failures)
 
 
@@ -205,10 +205,6 @@ def _lost_peers(
             ]
         time.sleep(POLL_S)
     return []
-
-
-def _by_rank(failure: RankFailure) -> int:
-    return failure.rank
 
 
 def _cause(future: distributed.Future) -> str:

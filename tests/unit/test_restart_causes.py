@@ -10,7 +10,8 @@ import torch
 
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import WorkersNotBack, _next_world_size, failure_causes
-from ddpflow.distributed.failures import LaunchError, RankFailure
+from ddpflow.distributed.failures import LaunchError, RankFailure, describe, root_causes_first
+from ddpflow.distributed.supervision import WORKER_LEFT
 from ddpflow.distributed.watchdog import rank_progress, rank_started
 
 
@@ -70,3 +71,18 @@ def test_workers_that_do_not_come_back_are_named_with_the_fix():
         with pytest.raises(WorkersNotBack, match=r"min_workers=2 allows no fewer"):
             _next_world_size(client, 2, 2, 0.5)
         assert _next_world_size(client, 2, 1, 0.5) == 1, "min_workers=1 continues with one"
+
+
+def test_the_first_cause_named_is_the_root_one_and_peers_follow():
+    """docs/fault-tolerance.md: a failure's message opens with its cause (the worker that
+    left, or the rank that raised), then its peers' follow-on errors."""
+    peer_error = "DistBackendError: [gloo] read: Connection reset by peer ... GLHF"
+    lost = [RankFailure(0, "tcp://a:1", peer_error), RankFailure(1, "tcp://b:2", WORKER_LEFT)]
+    first = f"DDP group failed: rank 1 on worker tcp://b:2: {WORKER_LEFT}; rank 0"
+    assert describe("failed", lost).startswith(first)
+    raised = [
+        RankFailure(0, "tcp://a:1", "DistStoreError: wait timed out after 120s"),
+        RankFailure(1, "tcp://b:2", "ValueError: bad batch"),
+        RankFailure(2, "tcp://c:3", "task cancelled"),
+    ]
+    assert [f.rank for f in root_causes_first(raised)] == [1, 0, 2]
