@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import ddpflow
-from examples import digits, digits_fit
+from examples import digits, digits_fit, regression_mlp
 
 KILL_AFTER_CHECKPOINT = 2
 
@@ -136,6 +136,11 @@ class _KilledMidEpoch:
 def digits_fit_killed_mid_epoch(ctx: ddpflow.TrainContext, epochs: int) -> float:
     """examples/digits_fit's training, with rank 1 killed inside epoch 2."""
     return digits_fit.train(_KilledMidEpoch(ctx), epochs)
+
+
+def regression_killed_mid_epoch(ctx: ddpflow.TrainContext, epochs: int) -> list[float]:
+    """examples/regression_mlp's training, with rank 1 killed inside epoch 2."""
+    return regression_mlp.train(_KilledMidEpoch(ctx), epochs)
 
 
 def where_each_rank_runs(ctx: ddpflow.TrainContext) -> list[tuple[int, str | None, int]]:

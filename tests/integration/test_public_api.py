@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 import ddpflow
 from ddpflow.checkpoint.store import CheckpointStore, saved_names
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
-from examples import digits, digits_fit
+from examples import digits, digits_fit, regression_mlp
 from tests.integration import api_train_functions as functions
 
 pytestmark = pytest.mark.integration
@@ -181,6 +181,42 @@ def test_fit_resumes_inside_the_epoch_after_a_killed_worker_exactly(dask_client,
     steps = metric_steps(client, run.info.run_id, "train_loss")
     assert steps == metric_steps(reference_client, reference_run.info.run_id, "train_loss")
     assert len(steps) == len(set(steps)), "no step logged twice"
+    dask_client.wait_for_workers(2, timeout=120)  # the nanny's new worker, for later tests
+
+
+# docs/api.md "Reading a checkpoint" and "ddpflow.fit": a user's own model (examples/
+# regression_mlp.py, an MLP with dropout, written only against the documented API) loses a
+# worker inside epoch 2 and resumes exactly: fit's history covers every epoch, and the final
+# checkpoint read back with ddpflow.load_checkpoint holds the uninterrupted run's weights.
+def test_a_users_own_model_resumes_exactly_and_its_checkpoint_loads(dask_client, tmp_path):
+    dask_client.wait_for_workers(2, timeout=120)
+    reference = ddpflow.run(
+        dask_client,
+        regression_mlp.train,
+        4,
+        world_size=2,
+        checkpoint_dir=str(tmp_path / "reference"),
+    )
+    assert len(reference) == 4 and reference[-1] < reference[0], reference
+    kill_reported_pid = functions.KillReportedPid()
+    restarts: list[ddpflow.Restart] = []
+    val_losses = ddpflow.run(
+        dask_client,
+        functions.regression_killed_mid_epoch,
+        4,
+        world_size=2,
+        checkpoint_dir=str(tmp_path / "killed"),
+        on_progress=kill_reported_pid,
+        on_restart=restarts.append,
+    )
+    assert len(kill_reported_pid.killed) == 1 and len(restarts) == 1, restarts
+    assert val_losses == reference, "every epoch, those before the restart too, bitwise"
+    uninterrupted, resumed = regression_mlp.build_model(), regression_mlp.build_model()
+    first = ddpflow.load_checkpoint(str(tmp_path / "reference"), model=uninterrupted)
+    second = ddpflow.load_checkpoint(str(tmp_path / "killed"), model=resumed)
+    assert first.step == second.step == 4 and second.names == ["model", "optimizer"]
+    for name, tensor in uninterrupted.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), f"{name} differs after the resume"
     dask_client.wait_for_workers(2, timeout=120)  # the nanny's new worker, for later tests
 
 
