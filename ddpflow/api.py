@@ -25,7 +25,14 @@ from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef, close_logger, logger_for_rank, spool_folder
-from ddpflow.tracking.run import end_run, failed_on_error, log_restart, start_run
+from ddpflow.tracking.run import (
+    default_artifact_location,
+    end_run,
+    failed_on_error,
+    log_restart,
+    sqlite_folder,
+    start_run,
+)
 from ddpflow.tracking.spool import Unsent
 from ddpflow.training.settings import TrainSettings, check_seed
 
@@ -73,7 +80,10 @@ def run(
     owned = experiment is not None and run_id is None
     ref = None
     if owned:
-        ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {})
+        # A new experiment in a SQLite store keeps MLflow's artifact copies (checkpoints)
+        # beside the store's file, not in the caller's working directory (./mlruns).
+        location = default_artifact_location(tracking_uri, sqlite_folder(tracking_uri))
+        ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {}, location)
     elif run_id is not None:
         ref = RunRef(tracking_uri, run_id)
     run_id = ref.run_id if ref else None

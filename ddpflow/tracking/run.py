@@ -66,6 +66,11 @@ def default_artifact_location(tracking_uri: str, project_dir: Path) -> str | Non
     return None
 
 
+def sqlite_folder(tracking_uri: str) -> Path:
+    """The folder of a `sqlite:///` store's file (the working directory for other URIs)."""
+    return Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent
+
+
 def start_run(
     tracking_uri: str,
     experiment_name: str,

@@ -69,6 +69,10 @@ def test_the_digits_example_trains_and_is_tracked(reference):
     assert run.info.status == "FINISHED"
     assert metric_steps(client, run.info.run_id, "train_loss") == list(range(1, EPOCHS + 1))
     assert run.data.metrics["test_accuracy"] == pytest.approx(reference["accuracy"])
+    # MLflow's copies of the checkpoints sit beside the SQLite store, not in the cwd's mlruns.
+    assert run.info.artifact_uri.startswith((reference["folder"] / "mlartifacts").as_uri())
+    copies = Path(run.info.artifact_uri.removeprefix("file://")) / "checkpoints"
+    assert (copies / f"epoch-{EPOCHS:04d}.pt").is_file()
     # ctx.report() lines reach on_progress, one per epoch from rank 0, in order.
     epochs = [int(m.group(1)) for m in map(re.compile(r"epoch (\d+)/").match, reference["lines"])]
     assert epochs == list(range(1, EPOCHS + 1)), reference["lines"]
