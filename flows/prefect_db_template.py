@@ -15,7 +15,7 @@ ids of its own), so it can be made once and copied:
   already, or no template of this Prefect version, nothing is copied and Prefect creates its
   database as usual.
 
-Stdlib only (ddpflow.storage.db_template is too): this runs before the flow's own imports.
+Stdlib only (ddpflow.sqlite_template is too): this runs before the flow's own imports.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.storage.db_template import copy_into_place, installed_path, vacuum_into
+from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
 DATABASE_URL_VARIABLES = (
@@ -56,7 +56,7 @@ def database_path(environ: Mapping[str, str] = os.environ) -> Path | None:
 
 def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
     """Copy the template to Prefect's database path if there is no database yet; the path
-    copied to, or None. Never replaces a database (ddpflow.storage.db_template.copy_into_place)."""
+    copied to, or None. Never replaces a database (ddpflow.sqlite_template.copy_into_place)."""
     target, template = database_path(environ), template_path(environ)
     if target is None or template is None:
         return None

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.storage.db_template import copy_into_place
+from ddpflow.sqlite_template import copy_into_place
 from ddpflow.tracking.store import template
 from ddpflow.tracking.store.sqlite import prepare_sqlite_store
 

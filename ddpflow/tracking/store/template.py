@@ -27,7 +27,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from ddpflow.storage.db_template import copy_into_place, installed_path, vacuum_into
+from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 TEMPLATE_VARIABLE = "DDPFLOW_MLFLOW_DB_TEMPLATE"  # another template file, for tests and images
 SEEDED_FROM = "schema copied from the installed template"
@@ -41,7 +41,7 @@ def template_path(environ: Mapping[str, str] = os.environ) -> Path | None:
 
 def seed(database: Path, environ: Mapping[str, str] = os.environ) -> bool:
     """Copy the template to `database` if there is none yet; whether it was copied. Never
-    replaces a database (ddpflow.storage.db_template.copy_into_place)."""
+    replaces a database (ddpflow.sqlite_template.copy_into_place)."""
     template = template_path(environ)
     return template is not None and copy_into_place(template, database)
 
