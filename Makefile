@@ -21,8 +21,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
 	# Prefect's migrated database, copied by a flow's first embedded API instead of 5 s of
-	# migrations (flows/prefect_db_template.py).
-	$(BIN)/python -m flows.prefect_db_template
+	# migrations (ddpflow/integrations/prefect/db_template.py).
+	$(BIN)/python -m ddpflow.integrations.prefect.db_template
 	# MLflow's migrated SQLite store, copied by a project's first run the same way
 	# (ddpflow/tracking/store/template.py).
 	$(BIN)/python -m ddpflow.tracking.store.template

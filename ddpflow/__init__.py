@@ -5,8 +5,8 @@ own loop, or `ddpflow.fit(ctx, ...)`, the loop the built-in workloads use) and r
 `ddpflow.run(client, train, ...)`, or inside a Prefect flow with
 `ddpflow.run_in_flow(train, ...)`. The names load on first use, so `import ddpflow` stays
 cheap (no torch, Dask or MLflow import) for code that needs only a submodule; only
-run_in_flow loads prefect: it lives in ddpflow.integrations.prefect, the one part of the
-library that imports it, loaded only then.
+run_in_flow and dask_task_runner load prefect: they live in ddpflow.integrations.prefect,
+the one part of the library that imports it, loaded only then.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     )
     from ddpflow.distributed.failures import LaunchError
     from ddpflow.integrations.prefect.run_in_flow import run_in_flow
+    from ddpflow.integrations.prefect.task_runner import dask_task_runner
     from ddpflow.training.context import Stateful, TrainContext
     from ddpflow.training.fit import fit
     from ddpflow.training.loop import FitHooks
@@ -42,6 +43,7 @@ _EXPORTS = {
     "TensorSamples": "ddpflow.training.samples",
     "TensorPairs": "ddpflow.training.samples",
     "run_in_flow": "ddpflow.integrations.prefect.run_in_flow",
+    "dask_task_runner": "ddpflow.integrations.prefect.task_runner",
     "TrainContext": "ddpflow.training.context",
     "Stateful": "ddpflow.training.context",
     "Restart": "ddpflow.distributed.elastic",
@@ -64,6 +66,7 @@ __all__ = [
     "TensorSamples",
     "TrainContext",
     "WorkersNotBack",
+    "dask_task_runner",
     "fit",
     "load_checkpoint",
     "run",

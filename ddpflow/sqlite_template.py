@@ -4,7 +4,7 @@ Prefect's server and MLflow's SQLite store both create their database on first u
 running every schema migration: seconds of a new project's first run, spent again in every
 new project. What the migrations leave (the schema, and rows that name nothing of the
 project) is the same each time, so `make venv` keeps one migrated copy of each under the
-environment's prefix and a first use copies it instead (flows/prefect_db_template.py,
+environment's prefix and a first use copies it instead (ddpflow/integrations/prefect/db_template.py,
 ddpflow/tracking/store/template.py).
 
 Stdlib only: Prefect's copy is made before the flow's own imports.

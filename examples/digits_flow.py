@@ -16,10 +16,9 @@ from prefect.runtime import flow_run
 
 import ddpflow
 from examples.digits_fit import train
-from flows.runner import dask_task_runner
 
 
-@flow(name="digits", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="digits", task_runner=ddpflow.dask_task_runner(), log_prints=True)
 def digits_flow(epochs: int = 20, lr: float = 0.05, checkpoint_root: str = "checkpoints") -> float:
     """Train on 2 ranks and print the held-out accuracy; each flow run checkpoints into a
     folder of its own, so a retry of the same run resumes and a new run starts afresh."""

@@ -15,8 +15,8 @@ from typing import Any
 from prefect import Flow
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+from ddpflow.integrations.prefect import early_api
 from ddpflow.storage.redact import redact_text
-from flows import early_api
 
 # Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
 # Its default 5 retries span about 30 s, less than a server restart on a busy host takes

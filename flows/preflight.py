@@ -12,6 +12,7 @@ from ddpflow.config import ARTIFACT_ROOT_ENV, DASK_ADDRESS_ENV, TRACKING_URI_ENV
 from ddpflow.distributed import RankAssignment, cluster_workers, plan_ranks
 from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.integrations.prefect.flow_client import current_dask_client
+from ddpflow.integrations.prefect.task_runner import prefect_api_url
 from ddpflow.preflight.checks import (
     API_PROBE_TIMEOUT_S,
     PreflightError,
@@ -23,7 +24,6 @@ from ddpflow.preflight.checks import (
 )
 from ddpflow.preflight.folder_probe import probe_folder_off_loop
 from ddpflow.storage.redact import redact_url
-from flows.runner import prefect_api_url
 
 # Slack on top of the probe's own timeout for the scheduler's round trip to every worker.
 PROBE_SLACK_S = 10.0

@@ -14,18 +14,18 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # A command line: the embedded API and the cluster start while the imports below load.
-    from flows.early_api import start_services
+    from ddpflow.integrations.prefect.early_api import start_services
 
     start_services()
 
 from ddpflow.config import Settings
+from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.workloads.charlm.decision import Decision
 from flows.charlm_pipeline import run_charlm_pipeline
 from flows.cli import run_cli
 from flows.defaults import RETRAIN_CHARLM
 from flows.param_flow import FlowParameters, flow
 from flows.params import CharLMParams, RetrainParams
-from flows.runner import dask_task_runner
 from tasks.retrain import score_and_promote
 
 PARAMETERS = FlowParameters(RETRAIN_CHARLM, (RetrainParams, CharLMParams))

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # A command line: the embedded API and the cluster start while the imports below load.
-    from flows.early_api import start_services
+    from ddpflow.integrations.prefect.early_api import start_services
 
     start_services()
 
 from ddpflow.config import Settings
+from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.job import CharLMTrainJob
@@ -30,7 +31,6 @@ from flows.cli import run_cli
 from flows.defaults import SCALING_CHARLM
 from flows.param_flow import FlowParameters, flow
 from flows.params import CharLMParams, ScalingParams
-from flows.runner import dask_task_runner
 from flows.scaling import (
     NOT_REGISTERED,
     ScalingSummary,

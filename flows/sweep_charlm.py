@@ -12,7 +12,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # A command line: the embedded API and the cluster start while the imports below load.
-    from flows.early_api import start_services
+    from ddpflow.integrations.prefect.early_api import start_services
 
     start_services()
 
@@ -23,6 +23,7 @@ from prefect.runtime import flow_run
 
 from ddpflow.config import Settings
 from ddpflow.distributed.planning import PlanError
+from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import log_datasets
 from ddpflow.tracking.loggers import RunRef
@@ -46,7 +47,6 @@ from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag
 from flows.param_flow import FlowParameters, flow
 from flows.params import ParameterError, SweepParams
 from flows.preflight import rank_workers, run_preflight
-from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
 from tasks.charlm import download_corpus, format_training_data

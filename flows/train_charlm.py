@@ -7,17 +7,17 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # A command line: the embedded API and the cluster start while the imports below load.
-    from flows.early_api import start_services
+    from ddpflow.integrations.prefect.early_api import start_services
 
     start_services()
 
 from ddpflow.config import Settings
+from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
 from flows.cli import run_cli
 from flows.defaults import TRAIN_CHARLM
 from flows.param_flow import FlowParameters, flow
 from flows.params import CharLMParams
-from flows.runner import dask_task_runner
 
 PARAMETERS = FlowParameters(TRAIN_CHARLM, (CharLMParams,))
 

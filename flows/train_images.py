@@ -8,7 +8,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # A command line: the embedded API and the cluster start while the imports below load.
-    from flows.early_api import start_services
+    from ddpflow.integrations.prefect.early_api import start_services
 
     start_services()
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
+from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import RunRef
@@ -31,7 +32,6 @@ from flows.inspection import publish_mlflow_links, tag_flow_run
 from flows.param_flow import FlowParameters, flow
 from flows.params import ImageParams
 from flows.preflight import run_preflight
-from flows.runner import dask_task_runner
 from flows.summary import mlflow_ui_hint
 from flows.workload_run import start_workload_run
 from tasks.images import (

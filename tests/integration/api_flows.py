@@ -9,11 +9,10 @@ import os
 from prefect import flow
 
 import ddpflow
-from flows.runner import dask_task_runner
 from tests.integration.api_train_functions import KillReportedPid, digits_killed_after_checkpoint
 
 
-@flow(name="digits-killed", task_runner=dask_task_runner())
+@flow(name="digits-killed", task_runner=ddpflow.dask_task_runner())
 def digits_killed(epochs: int = 6) -> float:
     kill_reported_pid = KillReportedPid()
     accuracy = ddpflow.run_in_flow(

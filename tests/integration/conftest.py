@@ -19,8 +19,8 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from ddpflow.cluster.build import local_cluster
+from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.tracking.store import template as mlflow_store_template
-from flows import prefect_db_template
 from tests.integration.charlm_runs import TINY, final_weights
 from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
@@ -56,7 +56,7 @@ def slurm(tmp_path_factory) -> Iterator[Slurm]:
 @functools.cache
 def migrated_prefect_db() -> Path:
     """A Prefect database with every migration applied: the one `make venv` installs
-    (flows/prefect_db_template.py), else one made once per test session.
+    (ddpflow/integrations/prefect/db_template.py), else one made once per test session.
 
     A flow run without PREFECT_API_URL starts Prefect's embedded API, which on a fresh
     database first runs every migration: about 15 s of each flow run's start on a loaded

@@ -22,7 +22,7 @@ import pytest
 from ddpflow.cluster.build import build_cluster, local_cluster
 from ddpflow.config import Settings
 from ddpflow.distributed import RankContext, launch
-from flows import runner
+from ddpflow.integrations.prefect import task_runner as runner
 from infra.cluster_specs import job_script
 
 pytestmark = pytest.mark.integration
@@ -70,7 +70,7 @@ def test_cuda_kind_builds_a_local_cuda_cluster_with_rotated_devices(
     """
     monkeypatch.setenv("DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC", "1")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("flows.runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr("ddpflow.integrations.prefect.task_runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
     options = {"CUDA_VISIBLE_DEVICES": "0,1", "device_memory_limit": None, "n_workers": 2}
     env = {"DDPFLOW_CLUSTER": "cuda", "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options)}
     task_runner = runner.dask_task_runner(Settings.from_env(env, project_dir=tmp_path))

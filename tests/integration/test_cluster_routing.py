@@ -135,7 +135,7 @@ def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
     from prefect.settings import PREFECT_API_URL
     from prefect.testing.utilities import prefect_test_harness
 
-    from flows.runner import PlacingDaskTaskRunner
+    from ddpflow.integrations.prefect.task_runner import PlacingDaskTaskRunner
 
     @task
     def where(seconds: float) -> str:

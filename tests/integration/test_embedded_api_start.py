@@ -1,5 +1,6 @@
-"""The embedded Prefect API a flow's command line starts early (flows/early_api.py): real
-processes, `python -m flows.train_charlm` and its uvicorn server, no mocks."""
+"""The embedded Prefect API a flow's command line starts early
+(ddpflow/integrations/prefect/early_api.py): real processes, `python -m flows.train_charlm`
+and its uvicorn server, no mocks."""
 
 from __future__ import annotations
 

@@ -15,8 +15,9 @@ import torch
 
 from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.integrations.prefect import db_template as prefect_db_template
+from ddpflow.integrations.prefect import early_cluster
 from ddpflow.tracking.store import template as mlflow_store_template
-from flows import early_cluster, prefect_db_template
 from tests.integration.conftest import (
     prefect_cli,
     prefect_records,

@@ -18,7 +18,7 @@ from ddpflow.config import (
     Settings,
 )
 from ddpflow.distributed.planning import PlanError, choose_backend, workers_with_resources
-from flows import runner
+from ddpflow.integrations.prefect import task_runner as runner
 
 
 def settings(tmp_path: Path, **env: str) -> Settings:

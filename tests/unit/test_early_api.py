@@ -1,10 +1,11 @@
-"""When a flow's command line starts its embedded Prefect API early (flows/early_api.py)."""
+"""When a flow's command line starts its embedded Prefect API early
+(ddpflow/integrations/prefect/early_api.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.early_api import wanted
+from ddpflow.integrations.prefect.early_api import wanted
 
 
 @pytest.mark.parametrize(

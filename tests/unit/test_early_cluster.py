@@ -1,5 +1,6 @@
 """Adopting the LocalCluster a flow's command line started beside its embedded API
-(flows/early_cluster.py). The cluster here is a stand-in object: these tests check
+(ddpflow/integrations/prefect/early_cluster.py). The cluster here is a stand-in object: these
+tests check
 which cluster the flow gets and what is closed, not Dask (the integration test
 `test_train_charlm_flow.py::test_the_flow_runs_on_the_cluster_started_beside_its_embedded_api`
 runs the real one)."""
@@ -10,7 +11,7 @@ import concurrent.futures
 
 import pytest
 
-from flows import early_cluster
+from ddpflow.integrations.prefect import early_cluster
 
 URL = "http://127.0.0.1:4242/api"
 

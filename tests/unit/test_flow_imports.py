@@ -37,7 +37,8 @@ def test_every_flow_module_imports_without_torch_and_starts_nothing():
         f"importing the flows loaded {heavy}: import it inside the function "
         "that runs on a worker (python -X importtime shows the chain)"
     )
-    # Servers and clusters start in a flow's __main__ guard (flows/early_api.py), never on import.
+    # Servers and clusters start in a flow's __main__ guard
+    # (ddpflow/integrations/prefect/early_api.py), never on import.
     assert children == "0", f"importing the flows started {children} processes"
 
 

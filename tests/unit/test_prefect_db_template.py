@@ -1,5 +1,5 @@
 """Copying the installed Prefect database template into a new PREFECT_HOME
-(flows/prefect_db_template.py). Files only: the flow that starts its embedded API on
+(ddpflow/integrations/prefect/db_template.py). Files only: the flow that starts its embedded API on
 the copy runs in `integration/test_train_charlm_flow.py`."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from flows import prefect_db_template as template
+from ddpflow.integrations.prefect import db_template as template
 
 SCHEMA = b"SQLite format 3\x00 the migrated schema"
 

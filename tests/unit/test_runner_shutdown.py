@@ -7,7 +7,7 @@ import logging
 import distributed
 import pytest
 
-from flows.runner import PlacingDaskTaskRunner
+from ddpflow.integrations.prefect.task_runner import PlacingDaskTaskRunner
 
 
 class SlowToClose(distributed.LocalCluster):
@@ -24,7 +24,7 @@ def test_a_close_that_times_out_is_logged_not_raised(caplog):
         cluster_class=SlowToClose,
         cluster_kwargs={"n_workers": 1, "processes": False, "dashboard_address": None},
     )
-    caplog.set_level(logging.WARNING, logger="flows.runner")
+    caplog.set_level(logging.WARNING, logger="ddpflow.integrations.prefect.task_runner")
     with runner:
         assert runner.client.submit(sum, [1, 2]).result() == 3
     assert not runner._started, "the runner is stopped all the same"

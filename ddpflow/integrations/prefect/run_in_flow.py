@@ -1,9 +1,10 @@
 """ddpflow.run() as a Prefect task, for a user's own flow: `ddpflow.run_in_flow(train, ...)`.
 
 It does what the built-in flows' `train-ddp` tasks do around a training: takes the flow's
-Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. flows.runner's),
-sends each ctx.report() line to the task's Prefect log, logs each restart as a warning, and
-shows the steps of a training on ddpflow.fit as the task's progress artifact.
+Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. the one
+ddpflow.integrations.prefect.task_runner.dask_task_runner builds), sends each ctx.report()
+line to the task's Prefect log, logs each restart as a warning, and shows the steps of a
+training on ddpflow.fit as the task's progress artifact.
 """
 
 from __future__ import annotations

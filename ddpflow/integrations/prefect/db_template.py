@@ -6,7 +6,7 @@ its body runs, against under 3 s for a server that finds the database there. The
 leaves holds nothing but the schema and the block types of that Prefect version (no runs, no
 ids of its own), so it can be made once and copied:
 
-- `python -m flows.prefect_db_template` (run by `make venv`) starts a server in a
+- `python -m ddpflow.integrations.prefect.db_template` (run by `make venv`) starts a server in a
   throw-away PREFECT_HOME, stops it and keeps its database as the template, named by Prefect's
   version, under the environment's prefix (`<venv>/share/ddpflow/`);
 - a flow's command line that starts the embedded API copies the template to
@@ -29,6 +29,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
+from ddpflow.integrations.prefect.server import free_port, server_command, server_env
 from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
@@ -67,8 +68,6 @@ def seed(environ: Mapping[str, str] = os.environ) -> Path | None:
 def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Path:
     """Start Prefect's server in a throw-away home, stop it, keep its database at `target`
     (by default where `seed` looks: DDPFLOW_PREFECT_DB_TEMPLATE, else the installed one)."""
-    from flows.early_api import free_port, server_command, server_env
-
     target = target or template_path()
     if target is None:
         raise RuntimeError("Prefect is not installed: there is no database to make")

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 10.0
-ADOPTED = "using the LocalCluster started beside the embedded API (flows/early_cluster.py)"
+ADOPTED = "using the LocalCluster started beside the embedded API (ddpflow.integrations.prefect)"
 
 # (number of workers, the API URL its workers were given, the cluster being started)
 _pending: tuple[int, str, concurrent.futures.Future[distributed.LocalCluster]] | None = None

@@ -21,11 +21,12 @@ import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+
+from ddpflow.integrations.prefect.server import free_port, server_command, server_env
 
 _PR_SET_PDEATHSIG = 1
 
@@ -45,15 +46,11 @@ def start_services(args: list[str] | None = None, environ: Mapping[str, str] = o
         return
     start_early()
     if url := api_url():
-        from flows import early_cluster  # imports distributed: only on this path
+        from ddpflow.integrations.prefect import (
+            early_cluster,  # imports distributed: only on this path
+        )
 
         early_cluster.start_early(url)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _die_with_parent() -> None:
@@ -70,38 +67,14 @@ def start_early() -> None:
         return
     # A first run in this PREFECT_HOME: the migrated database from the install, not 5 s of
     # migrations. Imported here: `python -m` of that module must not find it imported.
-    from flows import prefect_db_template
+    from ddpflow.integrations.prefect import db_template
 
-    _seeded = prefect_db_template.seed()
+    _seeded = db_template.seed()
     port = free_port()
     preexec = _die_with_parent if sys.platform == "linux" else None
     process = subprocess.Popen(server_command(port), env=server_env(), preexec_fn=preexec)  # noqa: PLW1509
     _started = (port, process)
     atexit.register(_stop_unadopted)
-
-
-def server_command(port: int) -> list[str]:
-    """The command Prefect runs for its temporary server, on 127.0.0.1:`port`."""
-    spec = importlib.util.find_spec("prefect")
-    if spec is None or spec.origin is None:
-        raise RuntimeError("Prefect is not installed")
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
-    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
-    return command + ["--port", str(port), "--log-level", "error", "--lifespan", "on"]
-
-
-def server_env() -> dict[str, str]:
-    return {
-        **os.environ,
-        # What Prefect's own start sets for its temporary server.
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-        # The server would otherwise try to send telemetry over a network we may not have.
-        "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get(
-            "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
-        ),
-    }
 
 
 def api_url() -> str | None:
@@ -136,7 +109,7 @@ def adopt() -> None:
 
     get_logger("server").info(f"Starting temporary server on {server.address}")
     if _seeded is not None:  # Prefect's "prefect" logger: the server's is quiet at INFO
-        from flows.prefect_db_template import SEEDED_FROM
+        from ddpflow.integrations.prefect.db_template import SEEDED_FROM
 
         get_logger().info(f"Prefect's temporary server: {SEEDED_FROM} to {_seeded}")
     _wait_healthy(server.api_url, process)

@@ -21,7 +21,7 @@ from prefect_dask import DaskTaskRunner
 from ddpflow.cluster.build import build_cluster, local_cluster, task_placement
 from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
 from ddpflow.distributed import cluster_workers
-from flows import early_cluster
+from ddpflow.integrations.prefect import early_cluster
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 log = logging.getLogger(__name__)
