@@ -7,6 +7,7 @@ ddpflow.cluster.build) and DDPFLOW_CLUSTER_OPTIONS (JSON) is passed through to i
 from __future__ import annotations
 
 import logging
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -24,6 +25,7 @@ from ddpflow.distributed import cluster_workers
 from ddpflow.integrations.prefect import early_cluster
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
+DASHBOARD_LINE = "The Dask dashboard is available at"  # prefect-dask's words
 log = logging.getLogger(__name__)
 
 
@@ -53,6 +55,24 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
             return super().submit(task, parameters, wait_for, dependencies)
 
     entered = False  # set between __enter__ and __exit__ (the client exists then)
+
+    @property
+    def client(self) -> Any:
+        """prefect-dask's client, announcing the dashboard only where one answers: Dask's
+        link names the scheduler's HTTP port (8787 by default) even when the scheduler
+        serves no dashboard there (`dask scheduler --no-dashboard`, no bokeh)."""
+        if self._client:
+            return self._client
+        quiet = _Without(DASHBOARD_LINE)
+        self.logger.addFilter(quiet)
+        try:
+            client = DaskTaskRunner.client.fget(self)
+        finally:
+            self.logger.removeFilter(quiet)
+        link = client.dashboard_link
+        if link and _answers(link):
+            self.logger.info(f"{DASHBOARD_LINE} {link}")
+        return client
 
     def __enter__(self) -> PlacingDaskTaskRunner:
         if self.address is None and self.cluster_class is None:
@@ -186,3 +206,23 @@ def configure(runner: DaskTaskRunner, settings: Settings) -> None:
     else:
         runner.cluster_class = _cluster_for_flow
         runner.cluster_kwargs = {"kind": settings.cluster_kind, "options": options}
+
+
+class _Without(logging.Filter):
+    """Drops the records whose message starts with `prefix`."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefix)
+
+
+def _answers(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether an HTTP GET of `url` succeeds within `timeout_s`."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310
+            return response.status == 200
+    except (OSError, ValueError):
+        return False

@@ -1,0 +1,28 @@
+"""The task runner names the Dask dashboard only where one answers: prefect-dask logs
+Dask's link (the scheduler's HTTP port, 8787 by default) even for a scheduler that serves
+no dashboard there. In-process schedulers on 127.0.0.1, no workers."""
+
+from __future__ import annotations
+
+import logging
+
+import distributed
+import pytest
+
+from ddpflow.integrations.prefect.task_runner import DASHBOARD_LINE, PlacingDaskTaskRunner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("dashboard", [False, True])
+def test_the_dashboard_line_only_for_a_dashboard_that_answers(dashboard, caplog):
+    address = "127.0.0.1:0" if dashboard else None
+    with distributed.LocalCluster(
+        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=address
+    ) as cluster:
+        caplog.set_level(logging.INFO)
+        runner = PlacingDaskTaskRunner(address=cluster.scheduler_address)
+        with runner:
+            assert runner.client.status == "running"
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(DASHBOARD_LINE)]
+    assert len(lines) == (1 if dashboard else 0), lines
