@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from ddpflow.config import store_outage_s
 from ddpflow.distributed import watchdog
 from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
+from ddpflow.distributed.group_store import open_group_store, token_kept_out_of_errors
 from ddpflow.distributed.main_io import MainIO, rank0_io
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ class RankSpec:
     # The address this rank's own connections bind to: its Dask worker's host. None leaves
     # gloo to pick one from the host name (fine on one machine, wrong across hosts).
     bind_host: str | None = None
+    # The launch's secret prefix for every key of the group's store (group_store.py); out of
+    # the repr, which Dask logs with a failed task's arguments. None: keys unprefixed (a
+    # group set up by hand, e.g. a test or a bench on 127.0.0.1).
+    store_token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -98,39 +103,41 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
         # A previous task on this worker died without cleaning up; its group is useless.
         dist.destroy_process_group()
     _reset_group_names()
-    timeout = timedelta(seconds=spec.timeout_s)
-    backend, options = spec.backend, None
-    if spec.backend == "gloo" and spec.bind_host:
-        backend, options = register_bound_gloo(), bound_gloo_options(spec.bind_host, timeout)
-    # The store the ranks meet through, made here as torch's tcp:// rendezvous makes it
-    # (rank 0 serves it), because the ranks also use it to wait for rank 0's IO (main_io).
-    store = dist.TCPStore(
-        spec.master_host,
-        spec.master_port,
-        spec.world_size,
-        is_master=spec.rank == 0,
-        timeout=timeout,
-        multi_tenant=True,
-    )
-    dist.init_process_group(
-        backend=backend,
-        store=dist.PrefixStore("default_pg", store),  # the prefix tcp:// init adds too
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=timeout,
-        pg_options=options,
-    )
-    # The others wait for rank 0 as long as it may retry a write, plus one group timeout.
-    main_io = MainIO(store, bound_s=store_outage_s() + spec.timeout_s)
-    try:
-        # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
-        device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
-        topic = progress_topic(spec.launch_id)
-        yield RankContext(
-            spec.rank, spec.world_size, device, spec.backend, topic, spec.launch_id, main_io
+    with token_kept_out_of_errors(spec.store_token):
+        timeout = timedelta(seconds=spec.timeout_s)
+        backend, options = spec.backend, None
+        if spec.backend == "gloo" and spec.bind_host:
+            backend, options = register_bound_gloo(), bound_gloo_options(spec.bind_host, timeout)
+        # The store the ranks meet through, made here as torch's tcp:// rendezvous makes it
+        # (rank 0 serves it), because the ranks also use it to wait for rank 0's IO (main_io).
+        # Every key below, gloo's and main_io's, is under the launch's token.
+        store = open_group_store(
+            spec.master_host,
+            spec.master_port,
+            spec.world_size,
+            is_master=spec.rank == 0,
+            timeout=timeout,
+            token=spec.store_token,
         )
-    finally:
-        dist.destroy_process_group()
+        dist.init_process_group(
+            backend=backend,
+            store=dist.PrefixStore("default_pg", store),  # the prefix tcp:// init adds too
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=timeout,
+            pg_options=options,
+        )
+        # The others wait for rank 0 as long as it may retry a write, plus one group timeout.
+        main_io = MainIO(store, bound_s=store_outage_s() + spec.timeout_s)
+        try:
+            # dask-cuda gives each worker its own CUDA_VISIBLE_DEVICES, so its GPU is cuda:0.
+            device = torch.device("cuda:0" if spec.backend == "nccl" else "cpu")
+            topic = progress_topic(spec.launch_id)
+            yield RankContext(
+                spec.rank, spec.world_size, device, spec.backend, topic, spec.launch_id, main_io
+            )
+        finally:
+            dist.destroy_process_group()
 
 
 def _reset_group_names() -> None:

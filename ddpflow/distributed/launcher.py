@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import secrets
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -110,6 +111,7 @@ def _run_group(
     rank0 = plan[0]
     port = _ask_all(client, plan[:1], find_free_port)[rank0.worker_address]
     launch_id = uuid.uuid4().hex[:12]
+    store_token = new_store_token()
     log.info(
         "launching %d ranks (%s) on %s, rendezvous %s:%s",
         len(plan),
@@ -126,6 +128,7 @@ def _run_group(
         backend=backend,
         timeout_s=timeout_s,
         launch_id=launch_id,
+        store_token=store_token,
     )
     futures = [
         client.submit(
@@ -163,6 +166,13 @@ def _run_group(
             )
 
 
+def new_store_token() -> str:
+    """The prefix of every key in one group's store (group_store.py): 128 random bits, made
+    in this process. It reaches the ranks only as an argument of their tasks, over Dask's
+    own channel, and is never logged."""
+    return secrets.token_hex(16)
+
+
 def _spec(
     a: RankAssignment,
     world: int,
@@ -171,8 +181,19 @@ def _spec(
     backend: str,
     timeout_s: float,
     launch_id: str,
+    store_token: str,
 ) -> RankSpec:
-    return RankSpec(a.rank, world, host, port, backend, timeout_s, launch_id, bind_host=a.host)
+    return RankSpec(
+        a.rank,
+        world,
+        host,
+        port,
+        backend,
+        timeout_s,
+        launch_id,
+        bind_host=a.host,
+        store_token=store_token,
+    )
 
 
 def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tuple) -> R:

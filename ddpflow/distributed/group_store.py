@@ -1,0 +1,126 @@
+"""The group's key-value store, kept to the group: bound to one address, keys under a secret.
+
+The ranks of a group meet through a torch TCPStore that rank 0 serves (gloo's rendezvous,
+main_io's words). A TCPStore has no authentication: whoever reaches its port may read, set
+and delete any key. Two things narrow who that is and what they can do:
+
+- Rank 0's store listens on its worker's address only. TCPStore's `host` argument names
+  where clients connect, not where the server listens: its server binds `::` (or 0.0.0.0)
+  whatever the host. So rank 0 makes the listening socket itself, bound to that address,
+  and hands it over with `master_listen_fd`.
+- Every key the group uses sits under a per-launch prefix, a 128-bit token that the launcher
+  makes in the flow process and sends to the ranks over Dask's own channel. Someone who
+  connects cannot guess the names the group reads (a `ddpflow/main-io/N/checkpoint` they
+  set is not the key rank 1 waits for), and a key that leaked from an earlier launch is
+  useless in the next.
+
+The prefix is not a secret from someone who reaches the port: TCPStore answers
+`list_keys()` to any client, prefix included. The store is only as private as the network
+between the workers (docs/security.md). Still, nothing of ours writes the token down: it is
+kept out of the rank spec's repr (Dask logs a failed task with its arguments) and out of
+any error that leaves the group (torch's store errors name the keys they waited for).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch is imported where used: the flow process imports this package
+    import torch.distributed as dist
+
+HIDDEN = "***"
+
+
+def open_group_store(
+    host: str,
+    port: int,
+    world_size: int,
+    is_master: bool,
+    timeout: timedelta,
+    token: str | None,
+) -> dist.Store:
+    """Rank 0 serves the store on `host`:`port` only; every rank gets it under `token`.
+
+    `token` None leaves the keys unprefixed (a group set up by hand, not by the launcher).
+    """
+    import torch.distributed as dist
+
+    listen_fd = None
+    if is_master:
+        # The store's server owns the socket from here: it closes it when the store goes.
+        listen_fd = listening_socket(host, port).detach()
+    store = dist.TCPStore(
+        host,
+        port,
+        world_size,
+        is_master=is_master,
+        timeout=timeout,
+        # No multi_tenant (which torch's tcp:// init sets): a server cached for the same
+        # port in this process would be reused and our socket ignored. One rank per worker
+        # and a fresh port per launch: nothing to share.
+        master_listen_fd=listen_fd,
+    )
+    return dist.PrefixStore(token, store) if token else store
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host`:`port` only (an IPv4 or IPv6 address, or a name)."""
+    family, kind, proto, _, address = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICSERV
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        # As torch's own server does: a port left in TIME_WAIT by an earlier group binds.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@contextmanager
+def token_kept_out_of_errors(token: str | None) -> Iterator[None]:
+    """Any error leaving this block shows `***` where the token was.
+
+    torch's store errors name the keys they waited for ("wait timeout after 15000ms, keys:
+    /<token>/default_pg/0//cpu//1"), and an error leaving a rank reaches the worker's log,
+    the launcher's LaunchError, and the flow's log and state.
+    """
+    try:
+        yield
+    except Exception as error:
+        if token and not _hide(error, token):
+            # An error whose text does not come from its args: keep its words, not its type.
+            raise RuntimeError(f"{type(error).__name__}: {_text(error, token)}") from None
+        raise
+
+
+def _hide(error: BaseException, token: str) -> bool:
+    """Rewrite the token out of `error`'s args and notes, and those of its causes; True if
+    no trace of it is left in their text."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    clean = True
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.args = tuple(_hidden(arg, token) for arg in current.args)
+        notes = getattr(current, "__notes__", None)
+        if notes:
+            current.__notes__ = [_hidden(note, token) for note in notes]
+        clean = clean and token not in str(current) and token not in repr(current)
+        current = current.__cause__ or current.__context__
+    return clean
+
+
+def _hidden(value: object, token: str) -> object:
+    return value.replace(token, HIDDEN) if isinstance(value, str) else value
+
+
+def _text(error: BaseException, token: str) -> str:
+    return str(error).replace(token, HIDDEN)
