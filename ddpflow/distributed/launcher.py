@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import secrets
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ R = TypeVar("R")
 log = logging.getLogger(__name__)
 # A fresh worker imports torch (and may initialise CUDA) on its first question: seconds.
 START_ASK_TIMEOUT_S = 60.0
+RANK_KEY_PREFIX = "ddp-rank"  # a rank task's Dask key: ddp-rank<rank>-<launch id>
 __all__ = ["LaunchError", "RankFailure", "cluster_workers", "launch"]
 
 
@@ -141,7 +143,7 @@ def _run_group(
             allow_other_workers=False,
             resources=dict(resources) if resources else None,
             pure=False,
-            key=f"ddp-rank{a.rank}-{launch_id}",
+            key=f"{RANK_KEY_PREFIX}{a.rank}-{launch_id}",
         )
         for a in plan
     ]
@@ -200,6 +202,7 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
     """Runs on the pinned worker: signal start, size torch's thread pool, join the group."""
     import torch  # here: the launching (flow) process imports this module without torch
 
+    _quiet_rank_failures()
     worker_client = distributed.get_client()  # the worker's own client
     rank_started(spec.launch_id, spec.rank)
     distributed.Event(started_event(spec.launch_id, spec.rank), client=worker_client).set()
@@ -210,6 +213,11 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
         # the timeout of the group forming.
         rank_started(spec.launch_id, spec.rank)
         bind_thread(spec.launch_id, spec.rank)
+        # Who hosts each rank, for whoever watches, profiles or signals one (a progress line).
+        ctx.report(
+            f"rank {spec.rank} of {spec.world_size}: worker {distributed.get_worker().address}, "
+            f"pid {os.getpid()}"
+        )
         try:
             return fn(ctx, *args)
         finally:
@@ -247,3 +255,22 @@ def _training_started(
     except Exception as error:  # noqa: BLE001 - the group's own failure must come through
         log.warning("could not ask the workers whether training had started: %s", error)
     return watch.training_started
+
+
+class _RankFailureRecord(logging.Filter):
+    """Drops Dask's "Compute Failed" record of a rank task. The launcher names each rank's
+    failure itself, root cause first; the worker's copy, an ERROR with a traceback that is
+    often a peer's follow-on error ("Connection reset by peer"), only leads a reader astray."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = record.args[0] if isinstance(record.args, tuple) and record.args else ""
+        return not (
+            str(record.msg).startswith("Compute Failed") and str(key).startswith(RANK_KEY_PREFIX)
+        )
+
+
+def _quiet_rank_failures() -> None:
+    """Install _RankFailureRecord on this worker's logger, once per process."""
+    worker_log = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _RankFailureRecord) for f in worker_log.filters):
+        worker_log.addFilter(_RankFailureRecord())

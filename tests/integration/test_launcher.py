@@ -97,7 +97,16 @@ def _report_three_times(ctx: RankContext) -> int:
 def test_rank_reports_reach_the_launching_process_in_order(dask_client):
     lines: list[str] = []
     launch(dask_client, _report_three_times, world_size=2, timeout_s=30, on_progress=lines.append)
-    assert lines == ["progress 0", "progress 1", "progress 2"]
+    assert [line for line in lines if line.startswith("progress")] == [
+        "progress 0",
+        "progress 1",
+        "progress 2",
+    ]
+    # Each rank says which worker and process host it (docs/api.md "ddpflow.run").
+    pids = dask_client.run(os.getpid)
+    hosts = [line.split(": ", 1) for line in lines if line.startswith("rank ")]
+    assert sorted(rank for rank, _ in hosts) == ["rank 0 of 2", "rank 1 of 2"], lines
+    assert {where for _, where in hosts} == {f"worker {a}, pid {p}" for a, p in pids.items()}
 
 
 def test_a_failing_rank_is_named_with_its_worker_and_cause(dask_client):
@@ -106,6 +115,10 @@ def test_a_failing_rank_is_named_with_its_worker_and_cause(dask_client):
         launch(dask_client, _fail_on_rank_1, world_size=2, timeout_s=30)
     message = str(info.value)
     assert "rank 1" in message and workers[1] in message and "boom on purpose" in message
+    # The launcher names the failure; the worker logs no "Compute Failed" traceback of it.
+    logs = [text for entries in dask_client.get_worker_logs().values() for _, text in entries]
+    assert any("boom on purpose" not in text for text in logs), "the workers' logs were read"
+    assert not [text for text in logs if "Compute Failed" in text and "ddp-rank" in text]
     _wait_idle(dask_client)
 
 
