@@ -33,7 +33,7 @@ from tasks.charlm import (
     format_training_data,
 )
 from tasks.inspection import describe_datasets
-from tasks.registration import register
+from tasks.registration import register_trained
 from tasks.restarts import train_ddp
 from tasks.tracking_report import tracking_line
 
@@ -206,7 +206,7 @@ def _train_evaluate_register(
     evaluation = evaluate.submit(
         run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
     ).result()
-    version = register.submit(WORKLOAD, run, checkpoint, params.model_name).result()
+    version = register_trained(WORKLOAD, run, checkpoint, params.model_name)
     return CharLMSummary(
         run_id=run.run_id,
         final_val_loss=evaluation.val_loss,

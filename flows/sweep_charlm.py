@@ -50,7 +50,7 @@ from flows.preflight import rank_workers, run_preflight
 from flows.summary import mlflow_ui_hint
 from flows.sweep_summary import SweepSummary
 from tasks.charlm import download_corpus, format_training_data
-from tasks.registration import register
+from tasks.registration import register_trained
 from tasks.retrain import score_and_promote
 from tasks.sweep import TABLE_KEY, train_trial
 from tasks.tables import publish_table
@@ -223,9 +223,7 @@ def _compare_and_register(
     version = decision = None
     if top is not None and top.checkpoint_uri is not None:
         best_run = RunRef(parent.tracking_uri, top.run_id)
-        version = register.submit(
-            "charlm", best_run, top.checkpoint_uri, params.model_name
-        ).result()
+        version = register_trained("charlm", best_run, top.checkpoint_uri, params.model_name)
         if params.promote:
             # The retraining rule: champion and challenger scored on the same fixed holdout.
             decision = score_and_promote.submit(

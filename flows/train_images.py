@@ -43,7 +43,7 @@ from tasks.images import (
     prepare_weights,
 )
 from tasks.inspection import describe_datasets
-from tasks.registration import register
+from tasks.registration import register_trained
 from tasks.restarts import train_ddp
 from tasks.tracking_report import tracking_line
 
@@ -252,7 +252,7 @@ def _train_evaluate_register(
     )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
-    version = register.submit(WORKLOAD, run, checkpoint, params.model_name).result()
+    version = register_trained(WORKLOAD, run, checkpoint, params.model_name)
     return ImageSummary(
         run_id=run.run_id,
         val_accuracy=evaluation.val_accuracy,

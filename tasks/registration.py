@@ -1,38 +1,83 @@
-"""Registering a trained model in MLflow: one task for every workload.
+"""Registering a trained model in MLflow: one task for every workload, and what a flow does
+when registration fails after the training succeeded.
 
-Each workload knows how to load its checkpoint into a servable model (its evaluation
-module's `register_model`, which goes through ddpflow.registry.serving); the task around it, and the
-description the version gets, are the same for all of them.
+An export that fails in the worker's own process is tried again at once in a fresh one
+(ddpflow.workloads.registration says why); the task is retried, and a registration that
+still fails never costs the training: the run is tagged with the cause, the checkpoint stays
+where it is, and the error says how to register it later
+(`python -m flows.register_checkpoint --run-id ...`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Literal
+import logging
 
-from prefect import task
+from mlflow.tracking import MlflowClient
+from prefect import get_run_logger, task
 
+from ddpflow.storage.bounded import call_bounded
+from ddpflow.storage.redact import redact_text, redact_url
 from ddpflow.tracking.inspection import describe_version
 from ddpflow.tracking.loggers import RunRef
+from ddpflow.workloads.registration import (
+    Workload,
+    register_from_checkpoint,
+    register_in_fresh_process,
+)
 
-Workload = Literal["charlm", "images"]
-Register = Callable[[RunRef, str, str], str]
-
-
-def _register_fn(workload: Workload) -> Register:
-    # Imported on use: the pet-name flows never load torchvision, and the reverse.
-    if workload == "charlm":
-        from ddpflow.workloads.charlm.evaluation import register_model
-    elif workload == "images":
-        from ddpflow.workloads.vision.evaluation import register_model
-    else:
-        raise ValueError(f"workload={workload!r} is not one of charlm, images")
-    return register_model
+log = logging.getLogger(__name__)
+RETRIES = 2  # three tries in all: a failure that survives a fresh process each time is real
+RETRY_DELAY_S = 5.0
+REGISTRATION_FAILED_TAG = "ddpflow.registration_failed"
+TAG_TIMEOUT_S = 30.0
 
 
-@task(name="register-model")
+class RegistrationFailed(RuntimeError):
+    """The training and its evaluation finished; registering its model did not."""
+
+
+@task(name="register-model", retries=RETRIES, retry_delay_seconds=RETRY_DELAY_S)
 def register(workload: Workload, run: RunRef, checkpoint_uri: str, model_name: str) -> str:
     """Log the final model to the MLflow run, register a new version and describe it."""
-    version = _register_fn(workload)(run, checkpoint_uri, model_name)
+    try:
+        version = register_from_checkpoint(workload, run, checkpoint_uri, model_name)
+    except Exception as error:  # noqa: BLE001 - the fresh process raises what is still wrong
+        # A fresh interpreter costs 10-20 s of imports; only an export that failed pays it.
+        get_run_logger().warning(
+            "registering %r in this worker's process failed (%s): trying a fresh process",
+            model_name,
+            redact_text(str(error)),
+        )
+        version = register_in_fresh_process(workload, run, checkpoint_uri, model_name)
     describe_version(run, model_name, version)
     return version
+
+
+def register_trained(workload: Workload, run: RunRef, checkpoint_uri: str, model_name: str) -> str:
+    """The register-model task for a finished training: the version, or RegistrationFailed
+    naming the cause and the command that registers the checkpoint later."""
+    try:
+        return register.submit(workload, run, checkpoint_uri, model_name).result()
+    except Exception as error:
+        cause = redact_text(str(error)) or type(error).__name__
+        _tag_failure(run, cause)
+        raise RegistrationFailed(
+            f"training and evaluation finished (MLflow run {run.run_id}, checkpoint "
+            f"{redact_url(checkpoint_uri)}), but registering {model_name!r} failed "
+            f"{RETRIES + 1} times: {cause}. The checkpoint is kept; register it later with: "
+            f"python -m flows.register_checkpoint --run-id {run.run_id}"
+        ) from error
+
+
+def _tag_failure(run: RunRef, cause: str) -> None:
+    """Say on the run what failed; an MLflow that is down too only costs the tag."""
+    try:
+        call_bounded(
+            lambda: MlflowClient(run.tracking_uri).set_tag(
+                run.run_id, REGISTRATION_FAILED_TAG, cause[:5000]
+            ),
+            TAG_TIMEOUT_S,
+            "tagging the run with the registration failure",
+        )
+    except Exception as error:  # noqa: BLE001 - the error raised next names the cause
+        log.warning("could not tag run %s with the registration failure: %s", run.run_id, error)
