@@ -132,7 +132,7 @@ def assert_restart_recorded(cluster: dict, project: Path) -> tuple[str, list[str
     # The cause names the failed rank, its worker and what happened to it.
     assert re.match(r"DDP group \w+: rank [01] on worker tcp://127\.0\.0\.1:\d+: \S", cause), cause
     (row,) = restart_rows(cluster, run.info.run_id)
-    attempt, _, _, heal_time, artifact_cause = row
+    attempt, _, _lost, _new, _hung, heal_time, artifact_cause = row
     assert attempt == "1"
     assert re.fullmatch(r"\d+\.\d s", heal_time), heal_time
     assert artifact_cause.startswith(cause.replace("|", "/")[:200]), (artifact_cause, cause)
