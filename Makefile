@@ -38,7 +38,7 @@ test: $(STAMP)
 		--durations=25 $(ARGS)
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit $(ARGS)
+	$(BIN)/python -m pytest tests/unit -n $(TEST_PROCS) $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
