@@ -156,7 +156,10 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     assert_same_metrics(tmp_path, charlm_reference_project)
     _, row = assert_restart_recorded(cluster, tmp_path)
     assert row[1] == "2", "the relaunch took both workers again"
-    assert row[2] == "-", "no worker hung: the nanny replaced the dead one by itself"
+    # Columns: restart, world size, lost workers, new workers, restarted (hung) workers, ...
+    assert row[4] == "-", "no worker hung: the nanny replaced the dead one by itself"
+    assert row[2].startswith("tcp://") and row[3].startswith("tcp://"), "lost, and replaced"
+    assert row[2] != row[3], row
 
 
 STEP_EVERY = 5  # --checkpoint-every-steps of the mid-epoch kill
@@ -276,7 +279,7 @@ def test_a_hung_worker_is_detected_by_timeout_and_restarted(
     assert 1 <= resumed_after_epoch(output) < EPOCHS, "the hang came mid-run"
     cause, row = assert_restart_recorded(cluster, tmp_path)
     assert "timed out" in cause.lower() or "timeout" in cause.lower(), cause
-    assert row[2] == address, "the hung worker was restarted, and the artifact names it"
+    assert row[4] == address, "the hung worker was restarted, and the artifact names it"
     assert_same_metrics(tmp_path, charlm_reference_project)
     assert_same_weights(final_weights(tmp_path), charlm_reference)
 
