@@ -152,6 +152,8 @@ def test_slurm_job_script_from_the_shipped_example(tmp_path: Path) -> None:
         "export DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON="
         + shlex.quote("{'MALLOC_TRIM_THRESHOLD_': None}"),
         "source $HOME/ddpflow/.venv/bin/activate",
+        # The checkout: the wheel ships only ddpflow; the worker unpickles the flows' tasks.
+        "export PYTHONPATH=$HOME/ddpflow",
     ]
     worker = lines[-1]
     assert worker.startswith("python -m distributed.cli.dask_worker tls://")
