@@ -158,8 +158,6 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     assert row[1] == "2", "the relaunch took both workers again"
     # Columns: restart, world size, lost workers, new workers, restarted (hung) workers, ...
     assert row[4] == "-", "no worker hung: the nanny replaced the dead one by itself"
-    assert row[2].startswith("tcp://") and row[3].startswith("tcp://"), "lost, and replaced"
-    assert row[2] != row[3], row
 
 
 STEP_EVERY = 5  # --checkpoint-every-steps of the mid-epoch kill
