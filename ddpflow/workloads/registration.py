@@ -54,8 +54,7 @@ def register_in_fresh_process(
     timeout_s: float = EXPORT_TIMEOUT_S,
 ) -> str:
     """register_from_checkpoint in a new interpreter (see the module's docstring)."""
-    if workload not in WORKLOADS:  # before a process starts
-        raise ValueError(f"workload={workload!r} is not one of {', '.join(WORKLOADS)}")
+    _check_workload(workload)  # before a process starts
     command = [sys.executable, "-m", __name__, workload, checkpoint_uri, model_name, run.run_id]
     try:
         done = subprocess.run(
@@ -77,14 +76,18 @@ def register_in_fresh_process(
 
 
 def _register_fn(workload: str) -> Callable[[RunRef, str, str], str]:
+    _check_workload(workload)
     # Imported on use: the pet-name model never loads torchvision, and the reverse.
     if workload == "charlm":
         from ddpflow.workloads.charlm.evaluation import register_model
-    elif workload == "images":
-        from ddpflow.workloads.vision.evaluation import register_model
     else:
-        raise ValueError(f"workload={workload!r} is not one of {', '.join(WORKLOADS)}")
+        from ddpflow.workloads.vision.evaluation import register_model
     return register_model
+
+
+def _check_workload(workload: str) -> None:
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload={workload!r} is not one of {', '.join(WORKLOADS)}")
 
 
 def main(argv: list[str] | None = None) -> None:
