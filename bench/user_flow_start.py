@@ -25,7 +25,7 @@ from pathlib import Path
 from bench.common import Result, median, print_results, stop_cleanly_on_sigterm
 
 REPO = Path(__file__).resolve().parents[1]
-FLOW = '''
+FLOW = """
 import sys
 import time
 
@@ -51,7 +51,7 @@ def my_flow() -> None:
 
 if __name__ == "__main__":
     my_flow()
-'''
+"""
 TIMEOUT_S = 300
 
 

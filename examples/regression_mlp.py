@@ -28,9 +28,7 @@ def make_data(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def build_model() -> nn.Module:
-    return nn.Sequential(
-        nn.Linear(NUM_FEATURES, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 1)
-    )
+    return nn.Sequential(nn.Linear(NUM_FEATURES, 64), nn.ReLU(), nn.Dropout(0.2), nn.Linear(64, 1))
 
 
 def train(ctx: ddpflow.TrainContext, epochs: int, lr: float = 0.01) -> list[float]:

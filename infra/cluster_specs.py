@@ -44,9 +44,7 @@ def kubernetes_yaml(options: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m infra.cluster_specs", description=__doc__
-    )
+    parser = argparse.ArgumentParser(prog="python -m infra.cluster_specs", description=__doc__)
     parser.add_argument("kind", choices=["jobqueue", "kubernetes"])
     parser.add_argument("options", type=Path, help="JSON file of DDPFLOW_CLUSTER_OPTIONS")
     args = parser.parse_args(argv)

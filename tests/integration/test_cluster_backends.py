@@ -70,7 +70,9 @@ def test_cuda_kind_builds_a_local_cuda_cluster_with_rotated_devices(
     """
     monkeypatch.setenv("DASK_CUDA_TEST_DISABLE_DEVICE_SPECIFIC", "1")
     monkeypatch.setattr("torch.cuda.is_available", lambda: True)
-    monkeypatch.setattr("ddpflow.integrations.prefect.task_runner.prefect_api_url", lambda: "http://127.0.0.1:9/api")
+    monkeypatch.setattr(
+        "ddpflow.integrations.prefect.task_runner.prefect_api_url", lambda: "http://127.0.0.1:9/api"
+    )
     options = {"CUDA_VISIBLE_DEVICES": "0,1", "device_memory_limit": None, "n_workers": 2}
     env = {"DDPFLOW_CLUSTER": "cuda", "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options)}
     task_runner = runner.dask_task_runner(Settings.from_env(env, project_dir=tmp_path))

@@ -56,9 +56,7 @@ def finish_training(run: RunRef, checkpoint: str) -> str:
     return register_trained("charlm", run, checkpoint, MODEL)
 
 
-def test_a_failed_registration_keeps_the_training_and_says_how_to_register_it(
-    trained, monkeypatch
-):
+def test_a_failed_registration_keeps_the_training_and_says_how_to_register_it(trained, monkeypatch):
     calls: list[str] = []
 
     def export_fails(workload: str, run: RunRef, checkpoint: str, name: str) -> str:
@@ -96,9 +94,7 @@ def test_registering_a_run_that_is_no_training_names_it(trained):
         register_checkpoint(run.run_id)
 
 
-def test_an_export_that_fails_in_the_workers_process_is_done_in_a_fresh_one(
-    trained, monkeypatch
-):
+def test_an_export_that_fails_in_the_workers_process_is_done_in_a_fresh_one(trained, monkeypatch):
     """The fresh interpreter (a real `python -m ddpflow.workloads.registration`) registers
     what the worker's own process could not."""
 

@@ -22,9 +22,7 @@ TEST_REF = re.compile(r"`((?:unit|integration|gpu)/[\w/]+\.py)?::(test_\w+)`")
 
 def relative_links(page: Path) -> list[str]:
     return [
-        link
-        for link in LINK.findall(page.read_text())
-        if not re.match(r"[a-z]+://|mailto:", link)
+        link for link in LINK.findall(page.read_text()) if not re.match(r"[a-z]+://|mailto:", link)
     ]
 
 

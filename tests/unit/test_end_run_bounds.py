@@ -98,9 +98,7 @@ def test_a_finished_run_that_cannot_be_marked_raises_within_the_bound(answers_50
 
 
 @pytest.mark.parametrize("error", [ValueError("bad batch"), KeyboardInterrupt()])
-def test_an_error_inside_failed_on_error_marks_the_run_failed_and_comes_through(
-    tmp_path, error
-):
+def test_an_error_inside_failed_on_error_marks_the_run_failed_and_comes_through(tmp_path, error):
     """The one run lifecycle every flow and ddpflow.run use: an error (or an interrupt) in
     the work marks the run FAILED, and the caller sees the original error unchanged."""
     from mlflow.tracking import MlflowClient

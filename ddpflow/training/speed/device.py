@@ -178,6 +178,7 @@ def resolve_speed(
         notes=tuple(notes),
     )
 
+
 def _precision(settings: SpeedSettings, cuda: bool, caps: CudaCaps | None) -> str:
     if settings.precision == "auto":
         if not cuda:
