@@ -7,7 +7,7 @@
 
 in README.md and docs/*.md from the flow's declared parameters (flows.params for type,
 limits and help, flows.defaults for the default); `--check` only reports the files whose
-tables differ and exits 1. tests/unit/test_param_declaration.py runs the check, so a table
+tables differ and exits 1. tests/integration/test_param_declaration.py runs the check, so a table
 never drifts from the code.
 """
 

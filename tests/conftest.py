@@ -30,7 +30,7 @@ def one_torch_thread() -> Iterator[None]:
 # Why a scheduler and not `xdist_group` marks: pytest-xdist 3.8 puts a mark's group into the
 # test id by assigning `item._nodeid`, which pytest 9.2 no longer reads (the id lives in
 # `item._id`), so with `--dist loadgroup` every test was its own unit and each module's
-# fixtures were built once on each process. tests/unit/test_xdist_groups.py checks the split.
+# fixtures were built once on each process. tests/integration/test_xdist_groups.py checks the split.
 SHARED_GROUPS = {
     "test_fault_tolerance": "charlm-reference",
     "test_multihost": "charlm-reference",

@@ -5,7 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.integration.conftest import REPO
+
+pytestmark = pytest.mark.integration
 
 
 def test_importing_tracking_keeps_warnings_visible():

@@ -16,7 +16,7 @@ from ddpflow.distributed.context import RankContext
 from ddpflow.training.context import TrainContext
 from ddpflow.training.settings import TrainSettings, check_seed
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("one_torch_thread")]
 
 
 def context(rank: int = 0, world_size: int = 1, checkpoint_dir: str | None = None, seed=0):

@@ -9,6 +9,10 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 REPO = Path(__file__).resolve().parents[2]
 BENCH = """
 import sys, time

@@ -9,9 +9,13 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import flows
 from ddpflow.workloads.vision.image_folder import IMG_EXTENSIONS
 from tests.integration.conftest import REPO
+
+pytestmark = pytest.mark.integration
 
 HEAVY = ("torch", "torchvision", "mlflow.pytorch")
 

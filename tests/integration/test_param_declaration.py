@@ -30,6 +30,8 @@ from flows.params import (
 )
 from tests.integration.conftest import REPO
 
+pytestmark = pytest.mark.integration
+
 FLOWS = param_docs.flows()
 FLOW_DEFAULTS = {
     "train-charlm": defaults.TRAIN_CHARLM,

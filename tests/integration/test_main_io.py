@@ -16,6 +16,8 @@ import torch.distributed as dist
 from ddpflow.distributed.context import RankSpec, find_free_port, process_group
 from ddpflow.distributed.main_io import FAILED, OK, MainIO, MainRankFailed, _wait_for_word
 
+pytestmark = pytest.mark.integration
+
 
 def store_pair(timeout_s: float = 5.0) -> tuple[dist.TCPStore, dist.TCPStore]:
     port = find_free_port()

@@ -28,12 +28,13 @@ from tests.unit.champion_helpers import (
     write_holdout,
 )
 
+pytestmark = pytest.mark.integration
+
 PAYLOAD = """
 import pathlib
 import torch
 
 pathlib.Path({marker!r}).write_text("registry code ran")
-
 
 class Payload(torch.nn.Module):
     def forward(self, x):

@@ -11,7 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import group_of
+
+pytestmark = pytest.mark.integration
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
 

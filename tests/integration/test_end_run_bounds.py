@@ -17,6 +17,8 @@ import pytest
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import end_run
 
+pytestmark = pytest.mark.integration
+
 BOUND_S = 2.0
 
 

@@ -14,6 +14,8 @@ from ddpflow.distributed.failures import LaunchError, RankFailure, describe, roo
 from ddpflow.distributed.supervision import WORKER_LEFT
 from ddpflow.distributed.watchdog import rank_progress, rank_started
 
+pytestmark = pytest.mark.integration
+
 
 def _error(*causes: str) -> LaunchError:
     failures = [RankFailure(r, f"tcp://127.0.0.1:{40000 + r}", c) for r, c in enumerate(causes)]

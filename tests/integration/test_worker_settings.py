@@ -16,6 +16,8 @@ import pytest
 
 from ddpflow.cluster.build import local_cluster
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def worker_client() -> Iterator[distributed.Client]:

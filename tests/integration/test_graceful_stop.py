@@ -8,6 +8,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 CHILD = """
 import os, signal, sys, threading, time
 from ddpflow.distributed import graceful_stop
