@@ -1,7 +1,9 @@
-"""What every benchmark shares: a result row, the table printer, timers and the machine."""
+"""What every benchmark shares: its command line, a result row, the table printer, timers and
+the machine."""
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
@@ -133,3 +135,18 @@ def stop_cleanly_on_sigterm() -> None:
     and slow whatever runs next. SystemExit unwinds through their `finally` blocks instead.
     """
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def command_line(module: str, doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+    """The parser every benchmark starts from: `python -m <module>`, its docstring as the
+    help text (as written), `--quick` described by `quick`; and SIGTERM (`timeout`, a job
+    scheduler) still stops the services a benchmark started."""
+    stop_cleanly_on_sigterm()
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {module}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    if quick is not None:
+        parser.add_argument("--quick", action="store_true", help=quick)
+    return parser

@@ -12,11 +12,9 @@ training set: the tutorial's one-hot float32 x plus int64 y tensors, ddpflow's u
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
-from bench.common import Result, best_of, print_results
+from bench.common import Result, best_of, command_line, print_results
 from bench.seed_reference import format_training_data
 from ddpflow.workloads.charlm.corpus import load_names
 from ddpflow.workloads.charlm.formatting import format_names
@@ -71,8 +69,7 @@ def run(quick: bool = False) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.formatting", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="fewer repeats")
+    parser = command_line("bench.formatting", __doc__, quick="fewer repeats")
     args = parser.parse_args(argv)
     print_results("formatting", run(args.quick))
 

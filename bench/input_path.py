@@ -30,7 +30,6 @@ accelerator step would expose.
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 import time
@@ -46,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 from torch.utils.data.distributed import DistributedSampler
 
-from bench.common import BENCH_THREADS, Result, median, print_results, stop_cleanly_on_sigterm
+from bench.common import BENCH_THREADS, Result, command_line, median, print_results
 from bench.seed_reference import Model, OurDataset
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
 from ddpflow.tracking.loggers import NullLogger
@@ -279,13 +278,7 @@ def run(quick: bool = False, world_sizes: tuple[int, ...] = (1, 2)) -> list[Resu
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.input_path",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    parser = command_line("bench.input_path", __doc__, quick="fewer steps and rounds")
     parser.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2])
     args = parser.parse_args(argv)
     print_results("training input path", run(args.quick, tuple(args.world_sizes)))

@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Result, load_average, machine, print_results, stop_cleanly_on_sigterm
+from bench.common import Result, command_line, load_average, machine, print_results
 from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
 from bench.launch_timing import BATCH_SIZE, WORLD_SIZE, Timeline
 
@@ -216,13 +216,7 @@ def run(
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.launch",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help=f"first {QUICK_NAMES} names only")
+    parser = command_line("bench.launch", __doc__, quick=f"first {QUICK_NAMES} names only")
     parser.add_argument(
         "--warm",
         action=argparse.BooleanOptionalAction,

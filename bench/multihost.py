@@ -14,12 +14,11 @@ time from launch to the first completed step, and the steady samples/s (median o
 
 from __future__ import annotations
 
-import argparse
 import json
 import tempfile
 from pathlib import Path
 
-from bench.common import Result, print_results, stop_cleanly_on_sigterm
+from bench.common import Result, command_line, print_results
 from bench.launch_runs import QUICK_NAMES, run_flow, source_file
 from bench.launch_timing import Timeline
 from infra.netns_cluster import NetnsCluster, netns_cluster
@@ -67,13 +66,7 @@ def run(quick: bool = False) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.multihost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help=f"first {QUICK_NAMES} names only")
+    parser = command_line("bench.multihost", __doc__, quick=f"first {QUICK_NAMES} names only")
     results = run(parser.parse_args(argv).quick)
     print_results("DDP across hosts", results)
     RESULTS.write_text(json.dumps([r.as_dict() for r in results], indent=1) + "\n")

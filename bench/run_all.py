@@ -11,14 +11,13 @@ target, met?) and writes it with a description of the machine to bench/results/l
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from bench import formatting, input_path, launch, tracking_cost
-from bench.common import Result, format_table, load_average, machine, stop_cleanly_on_sigterm
+from bench.common import Result, command_line, format_table, load_average, machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # Cheapest first; launch is last because it starts the most processes.
@@ -59,13 +58,7 @@ def write_json(path: Path, report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.run_all",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (~1.5 min)")
+    parser = command_line("bench.run_all", __doc__, quick="fewer steps and repeats (~1.5 min)")
     parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS))
     parser.add_argument("--wait-for-load", type=float, metavar="LOAD", default=None)
     parser.add_argument("--output", type=Path, default=None)

@@ -18,7 +18,6 @@ entries are kept), keyed by "<workload>/<setting>".
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bench.common import BENCH_THREADS, load_average, machine, median, stop_cleanly_on_sigterm
+from bench.common import BENCH_THREADS, command_line, load_average, machine, median
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking.loggers import NullLogger
 from ddpflow.training.loop import FitHooks, FitPlan, fit
@@ -152,9 +151,7 @@ def merge_into(path: Path, entry: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(prog="python -m bench.speed_settings", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="smaller batches, 3 rounds")
+    parser = command_line("bench.speed_settings", __doc__, quick="smaller batches, 3 rounds")
     parser.add_argument("--compile", action="store_true", help="also torch.compile (slow start)")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

@@ -22,7 +22,7 @@ from pathlib import Path
 import distributed
 import torch
 
-from bench.common import stop_cleanly_on_sigterm
+from bench.common import command_line
 from ddpflow.api import rank_entry
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed import RankSpec, cluster_workers, launch
@@ -115,7 +115,7 @@ def _check(outcomes: list[TrialOutcome], mode: str) -> None:
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench.sweep_bench", description=__doc__)
+    parser = command_line("bench.sweep_bench", __doc__)
     parser.add_argument("--trials", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--hidden-size", type=int, default=32)
@@ -141,7 +141,6 @@ def _trials(args: argparse.Namespace) -> list[TrialSpec]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
     args = _parse(argv)
     specs = _trials(args)
     with tempfile.TemporaryDirectory(prefix="ddpflow-sweep-bench-") as tmp:

@@ -21,7 +21,6 @@ as the flow creates its run before training.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import tempfile
 import time
@@ -32,7 +31,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from bench.common import BENCH_THREADS, Result, print_results, stop_cleanly_on_sigterm
+from bench.common import BENCH_THREADS, Result, command_line, print_results
 from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, record_checkpoint
 from ddpflow.tracking.loggers import MlflowLogger
 from ddpflow.tracking.run import default_artifact_location, start_run
@@ -169,13 +168,7 @@ def run(quick: bool = False) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(
-        prog="python -m bench.tracking_cost",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--quick", action="store_true", help="fewer timed calls")
+    parser = command_line("bench.tracking_cost", __doc__, quick="fewer timed calls")
     args = parser.parse_args(argv)
     print_results("tracking and checkpoint cost", run(args.quick))
 

@@ -14,7 +14,6 @@ The pairs alternate, so both see the same load.
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import Result, median, print_results, stop_cleanly_on_sigterm
+from bench.common import Result, command_line, median, print_results
 
 REPO = Path(__file__).resolve().parents[1]
 FLOW = """
@@ -111,8 +110,7 @@ def run(rounds: int) -> list[Result]:
 
 
 def main() -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = command_line("bench.user_flow_start", __doc__)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print_results("a user's flow: time to its first task", run(args.rounds))

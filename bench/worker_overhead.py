@@ -22,7 +22,6 @@ variant costs whatever the load, where the rates on a shared machine swing by te
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import functools
 import json
@@ -40,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bench.common import machine, median
+from bench.common import command_line, machine, median
 from bench.worker_jobs import VARIANTS, overhead_cpu_s, variant_switch
 from ddpflow.distributed.context import find_free_port
 
@@ -188,8 +187,7 @@ def measure(rounds: int, steps: int, num_names: int, variants: list[str]) -> dic
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.worker_overhead", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="4 rounds of 20 steps")
+    parser = command_line("bench.worker_overhead", __doc__, quick="4 rounds of 20 steps")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=VARIANTS)
