@@ -117,7 +117,7 @@ def test_a_stranger_cannot_read_or_set_the_groups_keys_and_training_goes_on(dask
             stranger.append(key, b"-forged")
         stranger.add("default_pg/0//cpu//0/2", 1)
         stranger.multi_set([NEXT_WORD], [FAILED])
-        # A count is all num_keys() tells (list_keys() tells more: unit/test_group_store.py).
+        # A count is all num_keys() tells (list_keys() tells more: integration/test_group_store.py).
         assert stranger.num_keys() >= len(GROUP_KEYS) + 2
 
 

@@ -30,6 +30,8 @@ from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.vision import training as vision_training
 from ddpflow.workloads.vision.config import ImageModelConfig
 
+pytestmark = pytest.mark.integration
+
 RUN = RunRef("unused", "unused")
 
 

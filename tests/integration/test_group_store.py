@@ -23,6 +23,8 @@ from ddpflow.distributed.group_store import (
 )
 from tests.listeners import listening_addresses
 
+pytestmark = pytest.mark.integration
+
 TOKEN = "0123456789abcdef0123456789abcdef"
 SECOND = timedelta(seconds=1)
 

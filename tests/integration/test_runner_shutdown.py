@@ -9,6 +9,8 @@ import pytest
 
 from ddpflow.integrations.prefect.task_runner import PlacingDaskTaskRunner
 
+pytestmark = pytest.mark.integration
+
 
 class SlowToClose(distributed.LocalCluster):
     """Closes, then reports the timeout a loaded machine produces (workers that take longer

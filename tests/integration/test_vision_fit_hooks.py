@@ -23,6 +23,8 @@ from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
 from ddpflow.workloads.vision.job import ImageTrainJob
 from ddpflow.workloads.vision.training import train_rank
 
+pytestmark = pytest.mark.integration
+
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
 
 
