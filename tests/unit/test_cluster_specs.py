@@ -86,7 +86,8 @@ def test_compose_holds_no_secret_values(compose: dict) -> None:
 
 def test_dockerfile_installs_the_lock() -> None:
     text = (INFRA / "docker" / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert "COPY pyproject.toml constraints.txt" in text
     assert "pip install -c constraints.txt" in text
     for directory in ("ddpflow", "flows", "tasks", "infra", "deployments"):
