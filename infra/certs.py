@@ -7,14 +7,19 @@ ca.pem, so only holders of key.pem can submit work. The CA's own key is never wr
 nobody can sign another certificate, and rotating means running the command again and
 handing the new files to every process. Dask does not check host names (certificates are
 for the cluster, not for a DNS name), so the same files work for any address.
+
+`--host NAME_OR_IP` (repeatable) also names the hosts the certificate serves (its subject
+alternative names), for HTTPS clients that check them: compose's TLS proxy
+(`python -m infra.certs infra/docker/https --host 127.0.0.1 --host <published address>`).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import ipaddress
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,8 +78,13 @@ def security_from_env(env: Mapping[str, str]):  # -> distributed.Security | None
     )
 
 
-def make_certs(folder: Path, days: int = DEFAULT_DAYS, name: str = "ddpflow-dask") -> TlsFiles:
-    """A throwaway CA and one certificate it signed, written 0600 into folder (0700)."""
+def make_certs(
+    folder: Path,
+    days: int = DEFAULT_DAYS,
+    name: str = "ddpflow-dask",
+    hosts: Sequence[str] = (),
+) -> TlsFiles:
+    """A throwaway CA and one certificate it signed (for `hosts`), written 0600 into folder."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -96,8 +106,10 @@ def make_certs(folder: Path, days: int = DEFAULT_DAYS, name: str = "ddpflow-dask
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_usage(cert_sign=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage(uses), critical=False)
-        .sign(ca_key, hashes.SHA256())
     )
+    if hosts:
+        leaf = leaf.add_extension(x509.SubjectAlternativeName(_san(hosts)), critical=False)
+    leaf = leaf.sign(ca_key, hashes.SHA256())
     files = TlsFiles.in_dir(private_dir(folder))
     pem = serialization.Encoding.PEM
     write_private(files.ca, ca.public_bytes(pem))
@@ -105,6 +117,19 @@ def make_certs(folder: Path, days: int = DEFAULT_DAYS, name: str = "ddpflow-dask
     key_format = serialization.PrivateFormat.PKCS8
     write_private(files.key, key.private_bytes(pem, key_format, serialization.NoEncryption()))
     return files
+
+
+def _san(hosts: Sequence[str]) -> list:
+    """IP addresses as IP entries (what clients match an IP URL against), others as DNS names."""
+    from cryptography import x509
+
+    names = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host.strip("[]"))))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    return names
 
 
 def _builder(subject, issuer, public_key, now: datetime.datetime, days: int):
@@ -135,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.certs", description=__doc__)
     parser.add_argument("dir", type=Path, help="folder for ca.pem, cert.pem, key.pem")
     parser.add_argument("--days", type=int, default=DEFAULT_DAYS, help="validity in days")
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="a host name or IP address the certificate serves (HTTPS); repeatable",
+    )
     args = parser.parse_args(argv)
     if args.days < 1:
         parser.error(f"--days must be at least 1, got {args.days}")
-    files = make_certs(args.dir, args.days)
+    files = make_certs(args.dir, args.days, hosts=args.host)
     print(f"wrote {files.ca}, {files.cert}, {files.key} (mode 0600), valid {args.days} days")
     print("Dask settings that use them (every scheduler, worker and client):")
     for name, value in files.dask_env().items():

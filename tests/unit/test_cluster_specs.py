@@ -42,7 +42,8 @@ def test_compose_has_the_production_services(compose: dict) -> None:
         "dask-gpu-worker-1",
     ):
         assert name in services, name
-    images = {s.get("image") for n, s in services.items() if not n.startswith("minio")}
+    third_party = ("minio", "minio-init", "tls-proxy")
+    images = {s.get("image") for n, s in services.items() if n not in third_party}
     assert images == {"ddpflow:latest"}, "one image for the runner and every Dask process"
     assert services["prefect-worker"]["build"]["dockerfile"] == "infra/docker/Dockerfile"
 
@@ -80,13 +81,15 @@ def test_compose_holds_no_secret_values(compose: dict) -> None:
     users = [n for n, s in compose["services"].items() if s.get("env_file")]
     assert {"minio", "mlflow", "prefect-worker", "dask-gpu-worker-0"} <= set(users)
     example = (INFRA / "docker" / "ddpflow.env.example").read_text()
+    example += (INFRA / "docker" / "minio.env.example").read_text()
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD"):
         assert f"{key}=" in example
 
 
 def test_dockerfile_installs_the_lock() -> None:
     text = (INFRA / "docker" / "Dockerfile").read_text()
-    assert re.search(r"^FROM python:3\.11-slim", text, re.M)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", text, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", text, re.M)
     assert "COPY pyproject.toml constraints.txt" in text
     assert "pip install -c constraints.txt" in text
     for directory in ("ddpflow", "flows", "tasks", "infra", "deployments"):
@@ -161,10 +164,12 @@ def _published(compose: dict, env: dict[str, str]) -> dict[str, list[str]]:
 
 def test_compose_publishes_on_loopback_unless_told_otherwise(compose: dict) -> None:
     default = _published(compose, {})
-    assert {"minio", "prefect-server", "mlflow", "dask-scheduler"} <= set(default)
+    assert {"minio", "prefect-server", "mlflow", "dask-scheduler", "tls-proxy"} <= set(default)
     assert {h for hosts in default.values() for h in hosts} == {"127.0.0.1"}
+    # Only TLS leaves the host (test_compose_security.py has the ports).
     chosen = _published(compose, {"DDPFLOW_PUBLISH_ADDRESS": "10.0.0.5"})
-    assert {h for hosts in chosen.values() for h in hosts} == {"10.0.0.5"}
+    assert set(chosen["tls-proxy"]) == {"10.0.0.5"}
+    assert {h for hosts in chosen.values() for h in hosts} == {"10.0.0.5", "127.0.0.1"}
 
 
 def _env_of(service: dict) -> dict:
