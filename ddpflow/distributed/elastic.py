@@ -32,7 +32,6 @@ import distributed
 
 from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
-from ddpflow.storage.redact import redact_text
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -119,8 +118,7 @@ def launch_with_restarts(
             return results, restarts
         except LaunchError as error:
             failed = [
-                redact_text(f"rank {f.rank} on worker {f.worker_address}: {f.cause}")
-                for f in error.failures
+                f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
             ]
             _raise_if_repeated(error, before_training, len(restarts) + 1)
             before_training = set() if error.training_started else failure_causes(error)
@@ -129,9 +127,7 @@ def launch_with_restarts(
                     f"{error} (no restart left: max_restarts={max_restarts}, {len(restarts)} used)",
                     error.failures,
                 ) from error
-            log.warning(
-                "DDP group failed (%s); healing the cluster and restarting", redact_text(str(error))
-            )
+            log.warning("DDP group failed (%s); healing the cluster and restarting", error)
             started = time.monotonic()
             _wait_for_leavers(client, error)
             restarted = heal(client, heal_timeout_s)
@@ -139,7 +135,9 @@ def launch_with_restarts(
             now = set(cluster_workers(client))
             restart = Restart(
                 attempt=len(restarts) + 1,
-                cause=redact_text(str(error)),
+                # Redacted already: a rank's error becomes text only through
+                # supervision._cause, which redacts it.
+                cause=str(error),
                 failed_ranks=failed,
                 restarted_workers=restarted,
                 world_size=size,

@@ -9,10 +9,11 @@ rest as it was (scheme, host, port, path, parameter names), so a redacted URI st
 where the data came from.
 
 Free text (an exception's message, a log line) is scrubbed by :func:`redact_text`: every URL
-in it is redacted, and so is what only looks like part of one, such as `//user:pass@host` or
-urllib's `nonnumeric port: 'secret@host'`. Every error text that leaves a rank, a service or
-a library for a log, an MLflow tag, a Prefect artifact or state goes through
-:func:`redact_text` (or :func:`error_text`, which calls it).
+in it is redacted, and so is what only looks like part of one, such as `//user:pass@host`,
+urllib's `nonnumeric port: 'secret@host'` or a path with a query string (/b/k?sig=...).
+Every error text that leaves a rank, a service or a library for a log, an MLflow tag, a
+Prefect artifact or state goes through :func:`redact_text` (or :func:`error_text`, which
+calls it).
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ _BARE_USERINFO = (
     r"(?<![\w.%+~:@-])[^\s/?#'\"<>`()\[\]{},;=]+@"
     r"(?=\[|localhost\b|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9.-]+:\d)"
 )
-_IN_TEXT = re.compile(f"(?P<url>{_URL})|{_SLASHED_USERINFO}|(?P<bare>{_BARE_USERINFO})")
+# A query string left in text without its scheme (a path an error quotes: /b/k?sig=...).
+_BARE_QUERY = r"(?<=\S)\?(?P<query>[^\s'\"<>`#]*=[^\s'\"<>`#]*)"
+_IN_TEXT = re.compile(
+    f"(?P<url>{_URL})|{_SLASHED_USERINFO}|(?P<bare>{_BARE_USERINFO})|{_BARE_QUERY}"
+)
 # In a URL that cannot be parsed: user info after '//', and every query or fragment value.
 _UNPARSED_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
 _UNPARSED_VALUE = re.compile(r"(?<=[?&#;])([^=&#\s]*)=[^&#\s]*")
@@ -112,6 +117,8 @@ def _redact_match(match: re.Match[str]) -> str:
         return redact_url(match.group("url"))
     if match.group("bare"):
         return f"{MASK}@"
+    if match.group("query") is not None:
+        return "?" + _redact_params(match.group("query"), bare_values=True)
     return f"//{_redact_netloc(match.group('userinfo') + '@')}"
 
 

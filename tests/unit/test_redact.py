@@ -140,6 +140,11 @@ def test_redact_url_leaves_urls_without_credentials_unchanged(url: str) -> None:
             "(404, url='https://***@github.com/x'); tried simplecache::s3://b/k?sig=***",
         ),
         ("GET https://h/x?jwt=eyJhbGciOi failed", "GET https://h/x?jwt=*** failed"),
+        # a path an error quotes, its scheme gone (fsspec's FileNotFoundError)
+        (
+            "FileNotFoundError: /alice:PASSWORD@b.example/k.pt?sig=SIG7&sv=1",
+            "FileNotFoundError: /***@b.example/k.pt?sig=***&sv=***",
+        ),
     ],
 )
 def test_redact_text_scrubs_urls_and_what_is_left_of_them(text: str, shown: str) -> None:

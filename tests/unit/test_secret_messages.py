@@ -129,6 +129,14 @@ def test_recorded_flow_parameters_are_redacted() -> None:
 
     flow = RedactedParamsFlow(fn=fn, name="redaction-check")
     recorded = flow.serialize_parameters(
-        {"source": SECRET_URL, "grid": {"uris": [SECRET_URL]}, "epochs": 3}
+        {
+            "source": SECRET_URL,
+            "grid": {"uris": [SECRET_URL, f"https://h/x?accesstoken={KEY}&jwt={KEY}"]},
+            "epochs": 3,
+        }
     )
-    assert recorded == {"source": SHOWN, "grid": {"uris": [SHOWN]}, "epochs": 3}
+    assert recorded == {
+        "source": SHOWN,
+        "grid": {"uris": [SHOWN, "https://h/x?accesstoken=***&jwt=***"]},
+        "epochs": 3,
+    }

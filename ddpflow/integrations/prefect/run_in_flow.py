@@ -21,7 +21,6 @@ from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
 from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.progress_artifact import topic_progress
-from ddpflow.storage.redact import redact_text
 
 R = TypeVar("R")
 PROGRESS_KEY = "ddp-train-progress"
@@ -47,7 +46,7 @@ def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> 
             "DDP group restart %d (world size %s): %s",
             restart.attempt,
             restart.world_size or "all",
-            redact_text(restart.cause),
+            restart.cause,
         )
         if on_restart is not None:
             on_restart(restart)
