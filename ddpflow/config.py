@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ARTIFACT_ROOT_ENV = "DDPFLOW_ARTIFACT_ROOT"
 TRACKING_URI_ENV = "MLFLOW_TRACKING_URI"
@@ -111,11 +112,31 @@ def normalise_root(root: str, base: Path | None = None) -> str:
     if not root:
         raise ConfigError(f"{ARTIFACT_ROOT_ENV} is empty; set a local folder or s3://bucket/prefix")
     if "://" in root and not root.startswith("file://"):
+        _refuse_credentials_in_root(root)
         return root.rstrip("/")
     path = Path(root.removeprefix("file://")).expanduser()
     if not path.is_absolute() and base is not None:
         path = base / path
     return str(path.resolve())
+
+
+def _refuse_credentials_in_root(root: str) -> None:
+    """Every checkpoint URI is the root plus a path, and MLflow records it in tags (and shows
+    it in every summary): a credential in the root would be stored with each one. Neither
+    the root nor any part of it is quoted here."""
+    try:
+        parts = urlsplit(root)
+    except ValueError:
+        raise ConfigError(
+            f"{ARTIFACT_ROOT_ENV} is not a valid URI; set a local folder or s3://bucket/prefix"
+        ) from None
+    if "@" in parts.netloc or parts.query or parts.fragment:
+        raise ConfigError(
+            f"{ARTIFACT_ROOT_ENV} carries user info or a query string, which would be written "
+            "into every checkpoint URI MLflow records; set it without them (s3://bucket/prefix) "
+            "and put the credentials in the environment: AWS_ACCESS_KEY_ID / "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE)"
+        )
 
 
 def _parse_workers(raw: str | None) -> int:

@@ -1,10 +1,13 @@
 """Validated flow parameters: every user error names the field, the value and the fix.
 
-A URI parameter (source, weights) that embeds credentials (user:password@, ?token=...,
-X-Amz-Signature=...) is refused: Prefect records flow parameters in the flow run and
-MLflow logs them in the run, so a secret passed that way would be stored for anyone who
-can read either. Credentials belong in the environment, where s3fs and the HTTP client
-already look for them. The refusal names the URI redacted, and the flow's recorded
+A URI parameter (source, weights) with user info (user:password@, TOKEN@) or a query string
+is refused: Prefect records flow parameters in the flow run and MLflow logs them in the run,
+so a secret passed that way would be stored for anyone who can read either. A query value
+is refused whatever its name (?token=, ?accesstoken=, ?jwt=, ?sas=, ?sig=, X-Amz-Signature=
+...): no list of names can tell a credential from a page number, and every query value is
+shown masked (ddpflow.storage.redact), so what is accepted is exactly what is shown and
+recorded. Credentials belong in the environment, where s3fs and the HTTP client already look
+for them. The refusal names the parameter and the URI redacted, and the flow's recorded
 parameters are redacted too (flows.redacted_flow).
 
 The types, bounds and help shared by several flows are declared once, as annotated types,
@@ -83,16 +86,22 @@ FIXES = {
 }
 
 CREDENTIALS_FIX = (
-    "pass the URI without credentials and put them in the environment instead: "
+    "pass the URI without user info or query string and put credentials in the environment "
+    "the flow and its workers run in (a deployment: its work pool's environment), never in "
+    "a parameter: "
     "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for s3://, an entry in "
     "~/.netrc (or the file $NETRC names) for http(s)://; or download the file and pass its path"
 )
 
 
 def refuse_credentials(value: object) -> object:
-    """A URI parameter, unchanged, or ValueError when it embeds credentials."""
+    """A URI parameter, unchanged, or ValueError when it has user info or a query value (any
+    of which may be a credential: the same test as what redact_url would hide)."""
     if isinstance(value, str) and has_credentials(value):
-        raise ValueError(f"{redact_url(value)} embeds credentials; {CREDENTIALS_FIX}")
+        raise ValueError(
+            f"{redact_url(value)} has user info or a query string, either of which can carry "
+            f"a credential; {CREDENTIALS_FIX}"
+        )
     return value
 
 

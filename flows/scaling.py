@@ -17,6 +17,7 @@ from typing import Any
 
 from ddpflow import storage
 from ddpflow.config import Settings
+from ddpflow.storage.redact import error_text
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.run import end_run, failed_on_error, log_files
@@ -126,7 +127,7 @@ def run_sizes(sizes: Sequence[int], start_child: StartChild, train: Train) -> li
         try:
             history = list(train(size, run))
         except Exception as error:  # noqa: BLE001 - one size's crash must not stop the others
-            message = f"{type(error).__name__}: {error}"
+            message = error_text(error)  # into a tag, the table artifact and output
             fail_run(run, "crash", message)
             results.append(
                 SizeResult(

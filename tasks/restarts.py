@@ -14,6 +14,7 @@ from ddpflow.config import LaunchSettings
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.progress_artifact import training_progress
+from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import log_restart
 from ddpflow.training.result import TrainResult
@@ -107,7 +108,7 @@ def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:
     rows = "\n".join(
         f"| {r.attempt} | {r.world_size or 'all'} | {', '.join(r.lost_workers) or '-'} "
         f"| {', '.join(r.new_workers) or '-'} | {', '.join(r.restarted_workers) or '-'} "
-        f"| {r.heal_s:.1f} s | {r.cause.replace('|', '/')} |"
+        f"| {r.heal_s:.1f} s | {redact_text(r.cause).replace('|', '/')} |"
         for r in restarts
     )
     return (

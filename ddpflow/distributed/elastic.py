@@ -135,6 +135,8 @@ def launch_with_restarts(
             now = set(cluster_workers(client))
             restart = Restart(
                 attempt=len(restarts) + 1,
+                # Redacted already: a rank's error becomes text only through
+                # supervision._cause, which redacts it.
                 cause=str(error),
                 failed_ranks=failed,
                 restarted_workers=restarted,

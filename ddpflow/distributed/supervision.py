@@ -17,6 +17,7 @@ from ddpflow.distributed.failures import LaunchError, RankFailure, describe, roo
 from ddpflow.distributed.leaving import left_cause, stopping_workers, wait_for_group_stop
 from ddpflow.distributed.planning import RankAssignment
 from ddpflow.distributed.watchdog import StepWatch
+from ddpflow.storage.redact import error_text
 
 POLL_S = 0.25
 WORKER_CHECK_S = 1.0  # how often a running group checks its workers and ranks' progress
@@ -210,5 +211,8 @@ def _lost_peers(
 def _cause(future: distributed.Future) -> str:
     if future.status != "error":
         return f"task {future.status}"
-    error = future.exception()
-    return f"{type(error).__name__}: {error}"
+    # Redacted here, where a rank's error first becomes text: the cause goes on into the
+    # LaunchError's message, the restarts tag and artifact, logs and the flow's state, and
+    # a library's message may quote a URL with its credentials (MLflow's names the
+    # tracking URI, user:password@ included).
+    return error_text(future.exception())

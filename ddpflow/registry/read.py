@@ -16,7 +16,7 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST, ErrorCode
 from mlflow.tracking import MlflowClient
 
 from ddpflow.checkpoint.store import LATEST_CHECKPOINT_TAG
-from ddpflow.storage.redact import redact_url
+from ddpflow.storage.redact import redact_text, redact_url
 
 CHAMPION_ALIAS = "champion"
 CHECKPOINT_TAG = "ddpflow.checkpoint_uri"
@@ -81,4 +81,5 @@ def version_checkpoint(client: MlflowClient, model_name: str, version: str) -> s
 def _redacted(client: MlflowClient, error: Exception) -> str:
     """MLflow quotes the request URL, which carries any user:password of the tracking URI."""
     uri = str(client.tracking_uri)
-    return str(error).replace(uri, redact_url(uri))
+    # The literal replace first, for a password redact_text cannot delimit (one with a quote).
+    return redact_text(str(error).replace(uri, redact_url(uri)))

@@ -1,10 +1,19 @@
 """Keep credentials out of output, exceptions, MLflow params and Prefect records.
 
-A URI can carry a secret in three places: its user info (https://user:secret@host), a query
-or fragment parameter named like a credential (?key=..., #access_token=..., presigned
-X-Amz-Signature=...) and, for fsspec, in any part of a chained URL
-(simplecache::https://user:secret@host/x). :func:`redact_url` hides all of them and leaves
-everything else exactly as it was, so a redacted URI still says where the data came from.
+A URI can carry a secret in its user info (https://user:secret@host), in any query value
+(?token=..., ?accesstoken=..., ?jwt=..., ?sv=...&sig=..., X-Amz-Signature=...: no list of
+names can know them all, so every query value is hidden), in a fragment value
+(#access_token=...) and, for fsspec, in any part of a chained URL
+(simplecache::https://user:secret@host/x). :func:`redact_url` hides all of them and leaves the
+rest as it was (scheme, host, port, path, parameter names), so a redacted URI still says
+where the data came from.
+
+Free text (an exception's message, a log line) is scrubbed by :func:`redact_text`: every URL
+in it is redacted, and so is what only looks like part of one, such as `//user:pass@host`,
+urllib's `nonnumeric port: 'secret@host'` or a path with a query string (/b/k?sig=...).
+Every error text that leaves a rank, a service or a library for a log, an MLflow tag, a
+Prefect artifact or state goes through :func:`redact_text` (or :func:`error_text`, which
+calls it).
 """
 
 from __future__ import annotations
@@ -13,48 +22,37 @@ import re
 from urllib.parse import urlsplit, urlunsplit
 
 MASK = "***"
-# Parameter names (split into words, case-insensitive) whose value is a credential.
-_SECRET_WORDS = frozenset(
-    {
-        "key",
-        "apikey",
-        "token",
-        "secret",
-        "password",
-        "passwd",
-        "pwd",
-        "pass",
-        "auth",
-        "authorization",
-        "signature",
-        "sig",
-        "credential",
-        "credentials",
-        "session",
-        "code",
-    }
-)
-# Signed-URL parameter families: every member is hidden (credential, token, signature, ...).
-_SECRET_PREFIXES = ("x-amz-", "x-goog-")
-_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 # A URL inside free text: a scheme, '://', then anything up to whitespace or a quote.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+")
+_URL = r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>`]+"
+# A network location's user info without a scheme: //user:password@ or //token@.
+_SLASHED_USERINFO = r"//(?P<userinfo>[^\s/?#'\"<>`]+)@"
+# What is left of a URL that a parser split in the wrong place, e.g. urllib's
+# "nonnumeric port: 'secret@mlflow.internal'": anything@ a host name with a dot, an IP
+# address, [IPv6], localhost or host:port. MLflow's models:/name@alias has no such host.
+_BARE_USERINFO = (
+    r"(?<![\w.%+~:@-])[^\s/?#'\"<>`()\[\]{},;=]+@"
+    r"(?=\[|localhost\b|[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+|[A-Za-z0-9.-]+:\d)"
+)
+# A query string left in text without its scheme (a path an error quotes: /b/k?sig=...).
+_BARE_QUERY = r"(?<=\S)\?(?P<query>[^\s'\"<>`#]*=[^\s'\"<>`#]*)"
+_IN_TEXT = re.compile(
+    f"(?P<url>{_URL})|{_SLASHED_USERINFO}|(?P<bare>{_BARE_USERINFO})|{_BARE_QUERY}"
+)
+# In a URL that cannot be parsed: user info after '//', and every query or fragment value.
+_UNPARSED_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
+_UNPARSED_VALUE = re.compile(r"(?<=[?&#;])([^=&#\s]*)=[^&#\s]*")
 
 
-def is_secret_name(name: str) -> bool:
-    """True for a parameter name such as key, access_token, X-Amz-Signature or sessionToken."""
-    lowered = name.lower()
-    if lowered.startswith(_SECRET_PREFIXES):
-        return True
-    return any(word.lower() in _SECRET_WORDS for word in _WORD.findall(name))
-
-
-def _redact_params(params: str) -> str:
+def _redact_params(params: str, *, bare_values: bool) -> str:
+    """Every `name=value` with its value masked. A query field without '=' is masked whole
+    (`?TOKEN` is a value); a fragment without '=' is a page anchor or route (#/runs/1)."""
     fields = []
     for field in params.split("&"):
         name, sep, value = field.partition("=")
-        if sep and value and is_secret_name(name):
+        if sep and value:
             field = f"{name}={MASK}"
+        elif not sep and field and bare_values:
+            field = MASK
         fields.append(field)
     return "&".join(fields)
 
@@ -69,16 +67,25 @@ def _redact_netloc(netloc: str) -> str:
     return f"{user}:{MASK}@{host}" if has_password and user else f"{MASK}@{host}"
 
 
+def _redact_unparsed(url: str) -> str:
+    """A URL urlsplit refuses (a broken [IPv6] host): redacted as text, the same parts."""
+    url = _UNPARSED_USERINFO.sub(f"{MASK}@", url)
+    return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", url)
+
+
 def _redact_one(url: str) -> str:
     if "://" not in url:
         return url  # a plain path: nothing in it is a credential field
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return _redact_unparsed(url)
     redacted = (
         parts.scheme,
         _redact_netloc(parts.netloc),
         parts.path,
-        _redact_params(parts.query),
-        _redact_params(parts.fragment),
+        _redact_params(parts.query, bare_values=True),
+        _redact_params(parts.fragment, bare_values=False),
     )
     if redacted[1:] == (parts.netloc, parts.path, parts.query, parts.fragment):
         return url
@@ -100,16 +107,37 @@ def _split_chain(url: str) -> list[str]:
 
 
 def redact_url(url: str) -> str:
-    """The URL with every credential replaced by ***; a URL without one is returned as is."""
+    """The URL with its user info and every query value replaced by ***; a URL with neither
+    is returned as is."""
     return "::".join(_redact_one(part) for part in _split_chain(url))
 
 
+def _redact_match(match: re.Match[str]) -> str:
+    if match.group("url"):
+        return redact_url(match.group("url"))
+    if match.group("bare"):
+        return f"{MASK}@"
+    if match.group("query") is not None:
+        return "?" + _redact_params(match.group("query"), bare_values=True)
+    return f"//{_redact_netloc(match.group('userinfo') + '@')}"
+
+
 def redact_text(text: str) -> str:
-    """Free text (an error message, a log line) with every URL in it redacted."""
-    return _URL_IN_TEXT.sub(lambda match: redact_url(match.group(0)), text)
+    """Free text (an error message, a log line) with every URL, and every piece of one that
+    carries user info, redacted."""
+    return _IN_TEXT.sub(_redact_match, text)
+
+
+def error_text(error: BaseException) -> str:
+    """`Type: message` of an error, redacted: the one way an error's text is written into a
+    log, an MLflow tag, a Prefect artifact or state. A library's message (MLflow's quotes
+    the tracking URL, user:password@ included) is no safer than a rank's."""
+    message = redact_text(str(error))
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 def has_credentials(url: str) -> bool:
+    """True when showing the URL would hide something: user info or a query value."""
     return redact_url(url) != url
 
 

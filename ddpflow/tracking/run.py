@@ -99,7 +99,9 @@ def log_restart(run: RunRef, attempt: int, cause: str) -> None:
     """Count restarts on the training's one run (its metrics simply continue afterwards)."""
     client = MlflowClient(run.tracking_uri)
     client.set_tag(run.run_id, "ddpflow.restarts", str(attempt))
-    client.set_tag(run.run_id, f"ddpflow.restart.{attempt}.cause", cause[:MAX_PARAM_LEN])
+    # Redacted before it is cut: a cut could leave "user:pass" without the "@" that marks it.
+    shown = redact_text(cause)[:MAX_PARAM_LEN]
+    client.set_tag(run.run_id, f"ddpflow.restart.{attempt}.cause", shown)
     client.log_metric(run.run_id, "restarts", attempt, step=attempt)
 
 

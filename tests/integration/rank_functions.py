@@ -56,3 +56,18 @@ def hold_until(ctx: RankContext, holding: str, release: str) -> float:
         ctx.heartbeat()
     dist.barrier()
     return time.time()
+
+
+def mlflow_fails_once(ctx: RankContext, tracking_uri: str, marker_dir: str) -> int:
+    """First attempt: MLflow's own error for a tracking server that is down, which quotes
+    the tracking URI, user:password@ included. Later attempts succeed."""
+    marker = Path(marker_dir) / f"rank{ctx.rank}"
+    if not marker.exists():
+        marker.write_text(str(time.time()))
+        import os
+
+        from mlflow.tracking import MlflowClient
+
+        os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # fail at once, not after minutes
+        MlflowClient(tracking_uri).get_experiment("0")
+    return ctx.rank

@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 import mlflow
@@ -17,8 +18,9 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from ddpflow.registry.read import RegistryError
-from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote
+from ddpflow.registry.read import RegistryError, tag_checkpoint
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote, score_version
+from infra.procs import free_port
 from tests.unit.champion_helpers import (
     add_version,
     constant_model,
@@ -122,3 +124,36 @@ def test_champion_without_a_checkpoint_fails_clearly_and_keeps_the_alias(registr
 
     assert not marker.exists(), "a missing checkpoint fell back to loading registry code"
     assert str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version) == champion
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "shown"),
+    [
+        # Nothing listens on the port: the read fails at once.
+        (
+            "http://alice:CkptS3cret@127.0.0.1:{port}/c/ckpt.pt?X-Amz-Signature=SIGV4X",
+            "http://alice:***@127.0.0.1:{port}/c/ckpt.pt?X-Amz-Signature=***",
+        ),
+        # fsspec's FileNotFoundError quotes the path, credentials and query included.
+        (
+            "memory://alice:CkptS3cret@bucket.example/c/ckpt.pt?sig=SIGV4X",
+            "memory://alice:***@bucket.example/c/ckpt.pt?sig=***",
+        ),
+    ],
+)
+def test_a_champion_checkpoint_uri_with_credentials_is_never_shown(registry, checkpoint, shown):
+    """A version tagged (by hand, or by an older ddpflow) with a credentialed checkpoint URI:
+    the scoring error names it redacted, and the error it wraps, if it quotes it, is dropped."""
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = f"credentialed-champion-{checkpoint.split(':')[0]}"
+    champion, _ = add_version(client, name, constant_model(torch.zeros(31)), folder)
+    port = free_port()
+    tag_checkpoint(client, name, champion, checkpoint.format(port=port))
+
+    with pytest.raises(RegistryError) as info:
+        score_version(client, name, champion, val_uri)
+
+    printed = "".join(traceback.format_exception(info.value))
+    assert shown.format(port=port) in printed
+    assert "CkptS3cret" not in printed and "SIGV4X" not in printed, printed

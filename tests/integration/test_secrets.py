@@ -80,14 +80,14 @@ def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path
     result = run_flow("train_charlm", ["--source", source, *TINY], project, timeout_s=300)
     output = result.stdout + result.stderr
     assert result.returncode == 1, output[-3000:]
-    assert "embeds credentials" in result.stderr and "~/.netrc" in result.stderr, output[-3000:]
+    assert "can carry a credential" in result.stderr and "~/.netrc" in result.stderr, output[-3000:]
     assert "http://alice:***@127.0.0.1:" in result.stderr
     assert_clean(output, "flow output")
 
     records = prefect_records(project)
     [flow_run] = records["flow_runs"]
     assert flow_run["state"]["type"] == "FAILED"
-    assert "embeds credentials" in flow_run["state"]["message"]
+    assert "can carry a credential" in flow_run["state"]["message"]
     assert flow_run["parameters"]["source"].startswith("http://alice:***@127.0.0.1:")
     assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
     assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included

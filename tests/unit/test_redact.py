@@ -1,57 +1,92 @@
-"""Credentials in URIs are hidden wherever a URI is shown: alone, chained or inside text."""
+"""Credentials in URIs are hidden wherever a URI is shown: alone, chained, inside text, or in
+what is left of a URL a parser split in the wrong place. Every query value is hidden, whatever
+its name."""
 
 import pytest
 
-from ddpflow.storage.redact import clean_cause, has_credentials, redact_text, redact_url
+from ddpflow.storage.redact import (
+    clean_cause,
+    error_text,
+    has_credentials,
+    redact_text,
+    redact_url,
+)
 
-SECRETS = ("PASSWORD", "KEY123", "TOKEN123", "p%40ss", "abc123", "deadbeef", "PW9", "SIG7")
+SECRETS = (
+    "PASSWORD",
+    "KEY123",
+    "TOKEN123",
+    "p%40ss",
+    "abc123",
+    "deadbeef",
+    "PW9",
+    "SIG7",
+    "ACC7",
+    "eyJhbGciOi",
+    "SAS5",
+    "PRIV3",
+    "S3CRETPW",
+)
+
+
+def assert_clean(text: str) -> None:
+    assert not [secret for secret in SECRETS if secret in text], text
 
 
 @pytest.mark.parametrize(
     ("url", "expected"),
     [
+        # user info
         ("https://user:PASSWORD@example.com/pets.json", "https://user:***@example.com/pets.json"),
         ("https://ghp_TOKEN123@github.com/o/r.json", "https://***@github.com/o/r.json"),
         ("https://:PASSWORD@example.com/x", "https://***@example.com/x"),
-        ("http://u:p%40ss@host:8080/a?b=1#c", "http://u:***@host:8080/a?b=1#c"),
+        ("http://u:p%40ss@host:8080/a?b=1#c", "http://u:***@host:8080/a?b=***#c"),
         ("http://u:PASSWORD@[::1]:8080/x", "http://u:***@[::1]:8080/x"),
+        ("http://u:p@ss@host:5000/x", "http://u:***@host:5000/x"),  # an unencoded '@'
+        # query parameters named like a credential, the words run together or not
         ("http://[fe80::1]:80/x?key=KEY123", "http://[fe80::1]:80/x?key=***"),
-        ("https://example.com/p?token=abc123&x=1", "https://example.com/p?token=***&x=1"),
+        ("https://example.com/p?token=abc123&x=1", "https://example.com/p?token=***&x=***"),
+        ("https://h/p?accesstoken=ACC7", "https://h/p?accesstoken=***"),
+        ("https://h/p?jwt=eyJhbGciOi.x.y", "https://h/p?jwt=***"),
+        ("https://h/p?sas=SAS5", "https://h/p?sas=***"),
+        ("https://h/p?privatekey=PRIV3&page=2", "https://h/p?privatekey=***&page=***"),
         ("https://h/p?Key=KEY123&AUTH=abc123", "https://h/p?Key=***&AUTH=***"),
-        (
-            "https://h/p?api_key=KEY123&access_token=abc123",
-            "https://h/p?api_key=***&access_token=***",
-        ),
-        ("https://h/p?sessionToken=abc123&page=2", "https://h/p?sessionToken=***&page=2"),
+        ("https://h/p?sessionToken=abc123", "https://h/p?sessionToken=***"),
+        # any other name, and a value without a name
+        ("https://h/p?x=SIG7&y=", "https://h/p?x=***&y="),
+        ("https://h/p?TOKEN123", "https://h/p?***"),
+        # signed URLs: S3 presigned, an Azure SAS (sv=...&sig=...)
         (
             "https://b.s3.amazonaws.com/k?X-Amz-Signature=deadbeef&x-amz-credential=KEY123",
             "https://b.s3.amazonaws.com/k?X-Amz-Signature=***&x-amz-credential=***",
         ),
         (
-            "https://acct.blob.core/c/b?sv=2024&sig=SIG7",
-            "https://acct.blob.core/c/b?sv=2024&sig=***",
+            "https://acct.blob.core.windows.net/c/b?sv=2024-08-04&se=2030&sp=r&sig=SIG7%3D",
+            "https://acct.blob.core.windows.net/c/b?sv=***&se=***&sp=***&sig=***",
         ),
-        ("https://h/cb#access_token=abc123&state=s", "https://h/cb#access_token=***&state=s"),
+        # fragments carry tokens too (OAuth's implicit grant)
+        ("https://h/cb#access_token=abc123&state=s", "https://h/cb#access_token=***&state=***"),
         (
             "http://alice:PASSWORD@127.0.0.1:1/missing.json?key=KEY123#frag",
             "http://alice:***@127.0.0.1:1/missing.json?key=***#frag",
         ),
+        # fsspec chains
         ("simplecache::https://user:PW9@host/x.json", "simplecache::https://user:***@host/x.json"),
-        (
-            "zip://a.json::https://h/a.zip?sig=SIG7",
-            "zip://a.json::https://h/a.zip?sig=***",
-        ),
+        ("zip://a.json::https://h/a.zip?sig=SIG7", "zip://a.json::https://h/a.zip?sig=***"),
         (
             "filecache::s3://bucket/x::https://u:PW9@[::1]:9/y",
             "filecache::s3://bucket/x::https://u:***@[::1]:9/y",
         ),
+        # a URL urlsplit refuses (a broken IPv6 host) is redacted as text
+        ("http://u:PASSWORD@[::1/x?sig=SIG7", "http://***@[::1/x?sig=***"),
     ],
 )
 def test_redact_url_hides_credentials(url: str, expected: str) -> None:
     redacted = redact_url(url)
     assert redacted == expected
-    assert not any(secret in redacted for secret in SECRETS)
+    assert_clean(redacted)
     assert has_credentials(url)
+    assert redact_url(redacted) == redacted  # redacting twice changes nothing
 
 
 @pytest.mark.parametrize(
@@ -62,12 +97,12 @@ def test_redact_url_hides_credentials(url: str, expected: str) -> None:
         "/weird/path@with-at.json",
         "/odd/name?key=1.json",
         "s3://bucket/prefix/pets.json",
-        "https://example.com/pets.json?page=2&author=me&monkey=1",
         "https://example.com/#/runs/0123abcd",
         "http://[::1]:8080/x",
         "simplecache::https://example.com/x.json",
         "sqlite:////tmp/mlflow.db",
         "file:///tmp/pets.json",
+        "models:/charlm@champion",
         "",
     ],
 )
@@ -76,20 +111,60 @@ def test_redact_url_leaves_urls_without_credentials_unchanged(url: str) -> None:
     assert not has_credentials(url)
 
 
-def test_redact_text_scrubs_every_url_in_a_message() -> None:
-    text = (
-        "source 'http://alice:PASSWORD@h/missing.json?key=KEY123' does not exist "
-        "(404, url='https://TOKEN123@github.com/x'); tried simplecache::s3://b/k?sig=SIG7."
-    )
-    redacted = redact_text(text)
-    assert not any(secret in redacted for secret in SECRETS)
-    assert "source 'http://alice:***@h/missing.json?key=***' does not exist" in redacted
-    assert "url='https://***@github.com/x'" in redacted
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        # urllib's error for http://user:S3CRETPW@mlflow.internal/health: no URL left in it
+        (
+            "InvalidURL: nonnumeric port: 'S3CRETPW@mlflow.internal'",
+            "InvalidURL: nonnumeric port: '***@mlflow.internal'",
+        ),
+        ("nonnumeric port: 'PASSWORD@localhost'", "nonnumeric port: '***@localhost'"),
+        ("nonnumeric port: 'p%40ss@10.0.0.5:5000'", "nonnumeric port: '***@10.0.0.5:5000'"),
+        # a network location without its scheme
+        ("connect to //alice:PASSWORD@db.internal/x", "connect to //alice:***@db.internal/x"),
+        ("proxy //TOKEN123@[::1]:3128 refused", "proxy //***@[::1]:3128 refused"),
+        # MLflow's own errors quote the request URL, the tracking URI's user:password@ in it
+        (
+            "API request to http://alice:PASSWORD@127.0.0.1:5000/api/2.0/mlflow/runs/create "
+            "failed with exception HTTPConnectionPool(host='127.0.0.1', port=5000): "
+            "Max retries exceeded with url: /api/2.0/mlflow/runs/create",
+            "API request to http://alice:***@127.0.0.1:5000/api/2.0/mlflow/runs/create "
+            "failed with exception HTTPConnectionPool(host='127.0.0.1', port=5000): "
+            "Max retries exceeded with url: /api/2.0/mlflow/runs/create",
+        ),
+        (
+            "source 'http://alice:PASSWORD@h/missing.json?key=KEY123' does not exist "
+            "(404, url='https://TOKEN123@github.com/x'); tried simplecache::s3://b/k?sig=SIG7.",
+            "source 'http://alice:***@h/missing.json?key=***' does not exist "
+            "(404, url='https://***@github.com/x'); tried simplecache::s3://b/k?sig=***",
+        ),
+        ("GET https://h/x?jwt=eyJhbGciOi failed", "GET https://h/x?jwt=*** failed"),
+        # a path an error quotes, its scheme gone (fsspec's FileNotFoundError)
+        (
+            "FileNotFoundError: /alice:PASSWORD@b.example/k.pt?sig=SIG7&sv=1",
+            "FileNotFoundError: /***@b.example/k.pt?sig=***&sv=***",
+        ),
+    ],
+)
+def test_redact_text_scrubs_urls_and_what_is_left_of_them(text: str, shown: str) -> None:
+    assert redact_text(text) == shown
+    assert_clean(redact_text(text))
+    assert redact_text(shown) == shown
 
 
 def test_redact_text_leaves_plain_text_alone() -> None:
-    text = "open http://127.0.0.1:5000/#/runs/abc; epoch 3: loss 1.2 (key=value in prose)"
+    text = (
+        "open http://127.0.0.1:5000/#/runs/abc; epoch 3: loss 1.2 (key=value in prose); "
+        "alias models:/charlm@champion; worker tcp://127.0.0.1:40123 left; @flow"
+    )
     assert redact_text(text) == text
+
+
+def test_error_text_names_the_type_and_redacts_the_message() -> None:
+    error = ConnectionError("GET http://u:PASSWORD@h/x?sas=SAS5 failed")
+    assert error_text(error) == "ConnectionError: GET http://u:***@h/x?sas=*** failed"
+    assert error_text(TimeoutError()) == "TimeoutError"
 
 
 def test_clean_cause_drops_a_cause_whose_chain_repeats_a_secret() -> None:
@@ -99,5 +174,6 @@ def test_clean_cause_drops_a_cause_whose_chain_repeats_a_secret() -> None:
     except ValueError as outer:
         assert clean_cause(outer) is None
     assert clean_cause(inner) is None
+    assert clean_cause(ValueError("nonnumeric port: 'S3CRETPW@mlflow.internal'")) is None
     plain = OSError("connection refused")
     assert clean_cause(plain) is plain

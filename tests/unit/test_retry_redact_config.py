@@ -109,13 +109,14 @@ def test_attempts_below_one_rejected() -> None:
         ("https://user:secret@example.com/pets.json", "https://user:***@example.com/pets.json"),
         ("https://ghp_TOKEN123@github.com/o/r.json", "https://***@github.com/o/r.json"),
         ("https://:secret@example.com/x", "https://***@example.com/x"),
-        ("http://u:p%40ss@host:8080/a?b=1#c", "http://u:***@host:8080/a?b=1#c"),
+        ("http://u:p%40ss@host:8080/a?b=1#c", "http://u:***@host:8080/a?b=***#c"),
         ("http://u:p@[::1]:8080/x", "http://u:***@[::1]:8080/x"),
-        ("https://example.com/p?token=abc123&x=1", "https://example.com/p?token=***&x=1"),
+        ("https://example.com/p?token=abc123&x=1", "https://example.com/p?token=***&x=***"),
         (
             "https://b.s3.amazonaws.com/k?X-Amz-Signature=deadbeef&X-Amz-Expires=60",
             "https://b.s3.amazonaws.com/k?X-Amz-Signature=***&X-Amz-Expires=***",
         ),
+        ("https://example.com/pets.json?page=2", "https://example.com/pets.json?page=***"),
     ],
 )
 def test_redact_hides_credentials(url: str, expected: str) -> None:
@@ -132,7 +133,6 @@ def test_redact_hides_credentials(url: str, expected: str) -> None:
         "relative/pets.json",
         "/weird/path@with-at.json",
         "s3://bucket/prefix/pets.json",
-        "https://example.com/pets.json?page=2",
         "sqlite:////tmp/mlflow.db",
         "file:///tmp/pets.json",
         "",
@@ -233,3 +233,22 @@ def test_bad_worker_count_names_the_variable(tmp_path: Path, raw: str) -> None:
 
 def test_config_error_is_a_value_error() -> None:
     assert issubclass(ConfigError, ValueError)
+
+
+@pytest.mark.parametrize(
+    "root",
+    [
+        "s3://AKIAEXAMPLE:ROOTSECRET@bucket/prefix",
+        "https://ROOTSECRET@files.example.com/artifacts",
+        "https://files.example.com/artifacts?sig=ROOTSECRET",
+    ],
+)
+def test_an_artifact_root_with_credentials_is_refused_without_quoting_them(
+    root: str, tmp_path: Path
+) -> None:
+    """Every checkpoint URI (recorded in MLflow tags) starts with the root."""
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env(env={"DDPFLOW_ARTIFACT_ROOT": root}, project_dir=tmp_path)
+    message = str(info.value)
+    assert "DDPFLOW_ARTIFACT_ROOT" in message and "AWS_ACCESS_KEY_ID" in message
+    assert "ROOTSECRET" not in message

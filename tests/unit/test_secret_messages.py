@@ -87,29 +87,37 @@ def test_summary_hint_shows_the_tracking_uri_redacted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("model", "values"),
+    ("model", "values", "field"),
     [
-        (CharLMParams, {**CHARLM, "source": SECRET_URL}),
-        (CharLMParams, {**CHARLM, "source": f"simplecache::{SECRET_URL}"}),
-        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?X-Amz-Signature={KEY}"}),
-        (SweepParams, {**SWEEP, "source": f"  {SECRET_URL} "}),
-        (ImageParams, {**IMAGES, "source": f"https://{KEY}@example.com/images"}),
-        (ImageParams, {**IMAGES, "weights": f"https://h/w.pt?token={KEY}"}),
+        (CharLMParams, {**CHARLM, "source": SECRET_URL}, "source"),
+        (CharLMParams, {**CHARLM, "source": f"simplecache::{SECRET_URL}"}, "source"),
+        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?X-Amz-Signature={KEY}"}, "source"),
+        # Names that run words together, and names no list would know: every query value.
+        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?accesstoken={KEY}"}, "source"),
+        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?jwt={KEY}"}, "source"),
+        (SweepParams, {**SWEEP, "source": f"https://h/x.json?sas={KEY}"}, "source"),
+        (SweepParams, {**SWEEP, "source": f"https://h/x.json?privatekey={KEY}"}, "source"),
+        (CharLMParams, {**CHARLM, "source": f"https://a.blob/c/x?sv=1&sig={KEY}"}, "source"),
+        (CharLMParams, {**CHARLM, "source": f"https://h/x.json?v={KEY}"}, "source"),
+        (SweepParams, {**SWEEP, "source": f"  {SECRET_URL} "}, "source"),
+        (ImageParams, {**IMAGES, "source": f"https://{KEY}@example.com/images"}, "source"),
+        (ImageParams, {**IMAGES, "weights": f"https://h/w.pt?token={KEY}"}, "weights"),
     ],
 )
 def test_uri_parameters_with_credentials_are_refused_naming_the_fix(
-    model: type, values: dict[str, Any]
+    model: type, values: dict[str, Any], field: str
 ) -> None:
     with pytest.raises(ParameterError) as info:
         validate_params(model, values)
     message = str(info.value)
-    assert "embeds credentials" in message and "~/.netrc" in message
+    assert f"{field}=" in message
+    assert "can carry a credential" in message and "~/.netrc" in message
     assert "AWS_ACCESS_KEY_ID" in message and "***" in message
     assert_clean(printed(info.value))
 
 
 def test_uri_parameters_without_credentials_pass() -> None:
-    for source in ("s3://bucket/names.json", "https://example.com/names.json?page=2"):
+    for source in ("s3://bucket/names.json", "https://example.com/names.json", "/data/a?b=1"):
         assert validate_params(CharLMParams, {**CHARLM, "source": source}).source == source
 
 
@@ -121,6 +129,14 @@ def test_recorded_flow_parameters_are_redacted() -> None:
 
     flow = RedactedParamsFlow(fn=fn, name="redaction-check")
     recorded = flow.serialize_parameters(
-        {"source": SECRET_URL, "grid": {"uris": [SECRET_URL]}, "epochs": 3}
+        {
+            "source": SECRET_URL,
+            "grid": {"uris": [SECRET_URL, f"https://h/x?accesstoken={KEY}&jwt={KEY}"]},
+            "epochs": 3,
+        }
     )
-    assert recorded == {"source": SHOWN, "grid": {"uris": [SHOWN]}, "epochs": 3}
+    assert recorded == {
+        "source": SHOWN,
+        "grid": {"uris": [SHOWN, "https://h/x?accesstoken=***&jwt=***"]},
+        "epochs": 3,
+    }

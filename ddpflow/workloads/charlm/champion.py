@@ -20,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from ddpflow.registry.promotion_lock import promotion_lock
 from ddpflow.registry.read import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
+from ddpflow.storage.redact import clean_cause, error_text, redact_url
 from ddpflow.tracking.inspection import record_decision_on_versions
 from ddpflow.workloads.charlm.data import load_windows
 from ddpflow.workloads.charlm.decision import Decision, decide
@@ -42,9 +43,9 @@ def score_version(client: MlflowClient, model_name: str, version: str, val_uri: 
     except Exception as error:  # missing file, not weights-only, not a CharLSTM state
         raise RegistryError(
             f"registered model {model_name!r} version {version}: cannot load its ddpflow "
-            f"checkpoint {uri} as plain weights ({type(error).__name__}: {error}); it is "
+            f"checkpoint {redact_url(uri)} as plain weights ({error_text(error)}); it is "
             "never loaded any other way"
-        ) from error
+        ) from clean_cause(error)
     return holdout_loss(model, val_uri)
 
 

@@ -13,6 +13,7 @@ from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.distributed.context import RankContext
 from ddpflow.registry.serving import register_checkpoint_model
+from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.samples import TensorSamples
 from ddpflow.training.validation import evaluate_loss
@@ -73,7 +74,7 @@ def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus
         f"| holdout loss | {result.val_loss:.4f} |\n"
         f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
         f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
-        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
+        f"| checkpoint | `{redact_url(result.checkpoint_uri)}` |\n\n"
         f"## Generated names\n\n{names}\n"
     )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddpflow import storage
+from ddpflow.storage.redact import error_text, redact_text
 from ddpflow.tracking.inspection import DatasetRef, log_datasets
 from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.run import end_run, metric_history, start_run
@@ -97,13 +98,15 @@ def _known(values: Mapping[str, Any]) -> dict[str, Any]:
 
 def fail_run(run: RunRef, kind: str, error: str) -> None:
     """End `run` FAILED with why (`ddpflow.error`) and how (`ddpflow.failure`) as tags."""
-    MlflowLogger(run).set_tags({ERROR_TAG: error[:MAX_TAG_LEN], FAILURE_KIND_TAG: kind})
+    # Redacted before it is cut: a cut could leave "user:pass" without the "@" that marks it.
+    shown = redact_text(error)[:MAX_TAG_LEN]
+    MlflowLogger(run).set_tags({ERROR_TAG: shown, FAILURE_KIND_TAG: kind})
     end_run(run, failed=True)
 
 
 def reject_trial(spec: TrialSpec, setup: SweepSetup) -> TrialOutcome:
     """An invalid trial is never launched; its child run records why, FAILED at once."""
-    error = "invalid trial config: " + "; ".join(spec.errors)
+    error = redact_text("invalid trial config: " + "; ".join(spec.errors))
     run = _start_child(spec, setup)
     fail_run(run, "invalid", error)
     return TrialOutcome(spec, run.run_id, completed=False, error=error)
@@ -148,7 +151,8 @@ def run_trial(
             log_datasets(run, setup.datasets)
         result = train(trial_job(spec.config, setup, run), workers)
     except Exception as error:  # noqa: BLE001 - one trial's crash must not stop the sweep
-        message = f"{type(error).__name__}: {error}"
+        # Redacted once, here: it goes on to the tag, the sweep's table artifact and output.
+        message = error_text(error)
         fail_run(run, "crash", message)
         return TrialOutcome(
             spec,
