@@ -16,6 +16,8 @@ import pytest
 
 from ddpflow.preflight.checks import PreflightError, check_tracking
 
+pytestmark = pytest.mark.integration
+
 GOOD = "Basic " + base64.b64encode(b"alice:s3cret").decode()
 
 

@@ -19,6 +19,8 @@ from ddpflow.preflight.checks import (
 )
 from infra.procs import free_port
 
+pytestmark = pytest.mark.integration
+
 
 class _Status(BaseHTTPRequestHandler):
     status = 401  # a server behind auth: it answers, so it is reachable

@@ -1,0 +1,50 @@
+"""The shipped jobqueue job scripts, rendered as `python -m infra.cluster_specs jobqueue`
+renders them: rendering starts dask-jobqueue's scheduler in this process (on 127.0.0.1),
+which is why these live here and not with the other infra/ checks in tests/unit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+INFRA = Path(__file__).resolve().parents[2] / "infra"
+
+
+@pytest.mark.parametrize("example", ["slurm-gpu.json", "pbs-gpu.json"])
+def test_the_shipped_job_scripts_carry_tls(example: str, tmp_path: Path) -> None:
+    """Renders the script as `python -m infra.cluster_specs jobqueue` does; the scheduler
+    that rendering starts in this process binds 127.0.0.1, and the throwaway certificates go to
+    tmp_path instead of $HOME."""
+    from infra.cluster_specs import job_script
+
+    options = json.loads((INFRA / "jobqueue" / example).read_text())
+    assert options["security"] is True
+    options |= {"shared_temp_directory": str(tmp_path), "scheduler_options": {"host": "127.0.0.1"}}
+    worker = job_script(options).splitlines()[-1].split()
+    assert worker[3].startswith("tls://127.0.0.1:"), worker
+    assert worker[worker.index("--protocol") + 1] == "tls://"
+    for flag in ("--tls-ca-file", "--tls-cert", "--tls-key"):
+        assert worker[worker.index(flag) + 1].startswith(str(tmp_path)), flag
+
+
+def test_a_job_script_puts_nccls_bootstrap_on_the_workers_interface(tmp_path: Path) -> None:
+    """Workers started on an interface (`interface` option) get NCCL_SOCKET_IFNAME for it,
+    before the worker starts: NCCL reads nothing else, and a running worker's environment is
+    never changed."""
+    from infra.cluster_specs import job_script
+
+    options = json.loads((INFRA / "jobqueue" / "slurm-gpu.json").read_text())
+    options |= {
+        "interface": "lo",
+        "shared_temp_directory": str(tmp_path),
+        "scheduler_options": {"host": "127.0.0.1"},
+    }
+    script = job_script(options)
+    assert "export NCCL_SOCKET_IFNAME==lo" in script
+    worker = script.splitlines()[-1].split()
+    assert worker[worker.index("--interface") + 1] == "lo"
+    without = {k: v for k, v in options.items() if k != "interface"}
+    assert "NCCL_SOCKET_IFNAME" not in job_script(without)
