@@ -236,3 +236,25 @@ def test_a_lease_shorter_than_two_calls_is_refused_naming_the_fix():
         LockTiming(ttl_s=100, max_call_s=60, wait_s=10)
     with pytest.raises(ValueError, match=r"poll_s=nan"):
         LockTiming(ttl_s=1, max_call_s=0.1, wait_s=1, poll_s=float("nan"))
+
+
+def test_a_lease_that_lapsed_once_stays_lost_when_heartbeats_resume(uri, monkeypatch):
+    """A waiter may have decided to break on the beat before a long gap, and its `.end` may
+    land after the holder's own check: after such a gap, fresh heartbeats prove nothing."""
+    client = MlflowClient(uri)
+    stalled: list[float] = []
+
+    def stall_the_first_heartbeat(method: str, args: tuple[object, ...]) -> None:
+        if threading.current_thread().name.endswith("-promotion-lock-heartbeat") and not stalled:
+            stalled.append(time.monotonic())
+            time.sleep(FAST.ttl_s)
+
+    hook_client(monkeypatch, ("set_registered_model_tag",), stall_the_first_heartbeat)
+    with promotion_lock(client, "lapsed-model", FAST) as held:
+        time.sleep(FAST.ttl_s)  # the gap
+        deadline = time.monotonic() + 10
+        while time.monotonic() - held._confirmed > FAST.max_call_s:  # until beats land again
+            assert time.monotonic() < deadline, "the heartbeat never resumed"
+            time.sleep(0.02)
+        with pytest.raises(PromotionLockLost, match="may be broken before one more"):
+            held.ensure_held()
