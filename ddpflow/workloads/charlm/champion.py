@@ -12,7 +12,7 @@ Every promotion (a deployment's retrain, a retrain or sweep started from a shell
 other, the second against whatever the first left as champion. Right before setting the
 alias it reads it once more and checks that its lock cannot have been broken; if the champion
 moved since the decision, or the lock may be lost, nothing moves and the decision's reason
-says "promotion aborted" (on the run, both versions and the flow's decision artifact).
+says "promotion aborted" (on the run, the versions and the flow's decision artifact).
 """
 
 from __future__ import annotations
