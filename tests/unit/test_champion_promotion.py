@@ -1,4 +1,7 @@
-"""Promotion against a real MLflow registry (SQLite): first model, outages, races, the lock."""
+"""Promotion against a real MLflow registry (SQLite): first model, outages, races, NaN.
+
+The lock itself: tests/unit/test_promotion_lock.py; stalled promoters, round after round:
+tests/unit/test_promotion_race.py."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.registry.promotion_lock import PromotionLockTimeout, lock_name, promotion_lock
+from ddpflow.registry.promotion_lock import read_state
 from ddpflow.registry.read import RegistryError
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, champion_version, promote
@@ -24,6 +27,7 @@ from tests.unit.champion_helpers import (
     unigram_bias,
     write_holdout,
 )
+from tests.unit.registry_hooks import hook_client
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,7 @@ def test_the_first_model_is_promoted_when_there_is_no_champion(registry):
     assert decision.promoted and decision.reason == "no champion yet"
     assert alias_of(client, name) == version
     assert client.get_run(run_id).data.tags["ddpflow.retrain.promoted"] == "True"
-    assert not client.search_registered_models(f"name = '{lock_name(name)}'"), "lock released"
+    assert read_state(client, name).free, "lock released"
 
 
 def test_an_unavailable_registry_is_not_taken_for_no_champion(unavailable_mlflow):
@@ -129,22 +133,51 @@ def test_two_concurrent_promotions_end_with_the_better_model(registry):
         assert worse_decision.champion_version == better[0]
 
 
-def test_a_held_lock_makes_the_next_promoter_wait_then_give_up_naming_it(registry):
-    client = MlflowClient(registry[0])
-    with (
-        promotion_lock(client, "locked-model"),
-        pytest.raises(PromotionLockTimeout, match="locked-model.promotion-lock"),
-        promotion_lock(client, "locked-model", wait_s=1.0, poll_s=0.2),
-    ):
-        pass
-    with promotion_lock(client, "locked-model", wait_s=1.0):  # released: free again
-        pass
+def test_a_nan_champion_loses_to_any_finite_challenger_and_the_decision_says_so(registry):
+    """A champion whose checkpoint scores NaN (its weights are NaN) used to keep the alias
+    for ever: every comparison with NaN is false."""
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = "nan-champion"
+    broken, _ = add_version(client, name, constant_model(peaked_bias() * float("nan")), folder)
+    client.set_registered_model_alias(name, CHAMPION_ALIAS, broken)
+    challenger, run_id = add_version(client, name, constant_model(peaked_bias()), folder)
+
+    decision = promote(uri, name, run_id, challenger, val_uri, margin=0.5)
+
+    assert decision.promoted and decision.champion_version == broken
+    assert decision.reason.startswith("champion loss nan is not a finite number")
+    assert alias_of(client, name) == challenger
+    tags = client.get_run(run_id).data.tags
+    assert tags["ddpflow.retrain.promoted"] == "True"
+    assert tags["ddpflow.retrain.champion_loss"] == "nan"
 
 
-def test_a_lock_left_by_a_dead_holder_is_taken_once_it_expires(registry):
-    client = MlflowClient(registry[0])
-    abandoned = promotion_lock(client, "orphaned-model", ttl_s=1.0)
-    abandoned.__enter__()  # its holder never releases it, as if the process had died
-    started = time.monotonic()
-    with promotion_lock(client, "orphaned-model", wait_s=30.0, poll_s=0.2):
-        assert time.monotonic() - started >= 0.5
+def test_a_champion_moved_by_hand_while_deciding_aborts_and_the_decision_says_so(
+    registry, monkeypatch
+):
+    """Someone moves the alias in the UI after the promoter read it under its lock: the
+    re-read right before the write sees it, and nothing moves. The move is injected at the
+    promoter's re-read (tests/unit/registry_hooks.py); the registry is real."""
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = "moved-by-hand"
+    old, _ = add_version(client, name, constant_model(peaked_bias()), folder)
+    client.set_registered_model_alias(name, CHAMPION_ALIAS, old)
+    by_hand, _ = add_version(client, name, constant_model(peaked_bias() * 0.5), folder)
+    challenger, run_id = add_version(client, name, constant_model(unigram_bias(val_uri)), folder)
+    reads = []
+
+    def move_by_hand_before_the_re_read(method: str, args: tuple[object, ...]) -> None:
+        reads.append(args[0])
+        if reads.count(name) == 3:  # before the lock, under it, then right before the write
+            MlflowClient(uri).set_registered_model_alias(name, CHAMPION_ALIAS, by_hand)
+
+    hook_client(monkeypatch, ("get_registered_model",), move_by_hand_before_the_re_read)
+    decision = promote(uri, name, run_id, challenger, val_uri, margin=0.0)
+
+    assert not decision.promoted and decision.champion_version == old
+    assert decision.reason.startswith(f"promotion aborted: the champion changed from v{old} to ")
+    assert f"v{by_hand}" in decision.reason
+    assert alias_of(client, name) == by_hand
+    assert client.get_run(run_id).data.tags["ddpflow.retrain.reason"] == decision.reason

@@ -17,6 +17,11 @@ from ddpflow.workloads.charlm.champion import Decision, decide
         (1.7, 1.5, 0.0, False, "does not beat"),
         (float("nan"), None, 0.0, False, "not a finite number"),
         (float("inf"), 1.5, 0.0, False, "not a finite number"),
+        # A NaN champion compares false with everything: it must lose, not block forever.
+        (1.5, float("nan"), 0.0, True, "champion loss nan is not a finite number"),
+        (1.5, float("nan"), 10.0, True, "any challenger with a finite loss (1.5000)"),
+        (1.5, float("inf"), 0.0, True, "champion loss inf is not a finite number"),
+        (float("nan"), float("nan"), 0.0, False, "challenger loss nan is not a finite"),
     ],
 )
 def test_promotes_only_a_better_challenger(challenger, champion, margin, promoted, reason):

@@ -7,18 +7,30 @@ registered from, rebuilt with ddpflow's own model class; nothing from the regist
 imported or unpickled (see `ddpflow.registry.read`).
 
 Every promotion (a deployment's retrain, a retrain or sweep started from a shell) goes through
-`promote`, which sets the alias only while holding the model's promotion lock and only after
-re-reading the alias under it: two promotions that overlap are decided one after the other,
-the second against whatever the first left as champion.
+`promote`, which decides and sets the alias only while holding the model's promotion lock
+(`ddpflow.registry.promotion_lock`): two promotions that overlap are decided one after the
+other, the second against whatever the first left as champion. Right before setting the
+alias it reads it once more and checks that its lock cannot have been broken; if the champion
+moved since the decision, or the lock may be lost, nothing moves and the decision's reason
+says "promotion aborted" (on the run, the versions and the flow's decision artifact).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
+from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from ddpflow.registry.promotion_lock import promotion_lock
+from ddpflow.registry.promotion_lock import (
+    HeldLock,
+    LockTiming,
+    PromotionLockLost,
+    promotion_lock,
+)
 from ddpflow.registry.read import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
 from ddpflow.storage.redact import clean_cause, error_text, redact_url
 from ddpflow.tracking.inspection import record_decision_on_versions
@@ -69,13 +81,16 @@ def promote(
     challenger_version: str,
     val_uri: str,
     margin: float,
+    lock_timing: LockTiming | None = None,
 ) -> Decision:
     """Score challenger and champion; move `champion` only if the challenger is better.
 
     The slow scoring happens before the lock; under it the alias is read again, and a
-    champion that changed meanwhile is scored before deciding.
+    champion that changed meanwhile is scored before deciding. `lock_timing` defaults to a
+    lease sized for the tracking URI's slowest call (`LockTiming.for_client`).
     """
     client = MlflowClient(tracking_uri)
+    timing = lock_timing or LockTiming.for_client(client)  # a bad timing fails before scoring
     scores: dict[str, float] = {}
 
     def score(version: str) -> float:
@@ -87,28 +102,86 @@ def promote(
     if seen is not None:
         score(seen)
     challenger_loss = score(challenger_version)
-    with promotion_lock(client, model_name):
-        champion = alias_version(client, model_name)
-        champion_loss = None if champion is None else score(champion)
-        promoted, reason = decide(challenger_loss, champion_loss, margin)
-        decision = Decision(
-            promoted, reason, challenger_version, challenger_loss, champion, champion_loss, margin
+    with promotion_lock(client, model_name, timing) as lock:
+        decision = decide_under_lock(
+            client, model_name, challenger_version, challenger_loss, score, margin, lock
         )
-        apply(client, model_name, run_id, decision)
+        record(client, model_name, run_id, decision, lock)
     return decision
 
 
-def apply(client: MlflowClient, model_name: str, run_id: str, decision: Decision) -> None:
-    """Record the decision on the challenger's run and on both versions involved; move the
-    alias only when promoted."""
-    for key, value in decision.as_tags().items():
-        client.set_tag(run_id, key, value)
-    record_decision_on_versions(
-        client,
-        model_name,
-        decision.as_tags(),
-        decision.challenger_version,
-        decision.champion_version,
+def decide_under_lock(
+    client: MlflowClient,
+    model_name: str,
+    challenger_version: str,
+    challenger_loss: float,
+    score: Callable[[str], float],
+    margin: float,
+    lock: HeldLock,
+) -> Decision:
+    """Decide against the champion as it is now, and move the alias if the challenger wins."""
+    champion = alias_version(client, model_name)
+    champion_loss = None if champion is None else score(champion)
+    promoted, reason = decide(challenger_loss, champion_loss, margin)
+    decision = Decision(
+        promoted, reason, challenger_version, challenger_loss, champion, champion_loss, margin
     )
     if decision.promoted:
-        client.set_registered_model_alias(model_name, CHAMPION_ALIAS, decision.challenger_version)
+        decision = set_alias_if_unchanged(client, model_name, decision, lock)
+    return decision
+
+
+def set_alias_if_unchanged(
+    client: MlflowClient, model_name: str, decision: Decision, lock: HeldLock
+) -> Decision:
+    """Move the alias to the challenger, unless the champion the decision was made against
+    is no longer the champion, or the lock may no longer be ours: then nothing moves and the
+    decision says why."""
+    # Read again right before the write: only a hand-made move (UI, API) or a holder that
+    # outlived its lease could have changed it, and either way this decision is stale.
+    now = alias_version(client, model_name)
+    if now != decision.champion_version:
+        return replace(
+            decision,
+            promoted=False,
+            reason=(
+                f"promotion aborted: the champion changed from {_version(decision)} to "
+                f"{'none' if now is None else 'v' + now} while this promotion decided "
+                f"({decision.reason}); the alias was left alone, retry to decide against "
+                "the new champion"
+            ),
+        )
+    try:
+        lock.ensure_held()  # the last step before the write: nothing slow after it
+    except PromotionLockLost as error:
+        return replace(
+            decision,
+            promoted=False,
+            reason=f"promotion aborted: {error}; the alias was left alone, retry to decide again",
+        )
+    client.set_registered_model_alias(model_name, CHAMPION_ALIAS, decision.challenger_version)
+    return decision
+
+
+def _version(decision: Decision) -> str:
+    return "none" if decision.champion_version is None else f"v{decision.champion_version}"
+
+
+def record(
+    client: MlflowClient, model_name: str, run_id: str, decision: Decision, lock: HeldLock
+) -> None:
+    """Record the decision on the challenger's run and on both versions involved.
+
+    The champion's version is written only while the lock is still ours: another promoter
+    may be writing its own decision on that version, and MLflow's tag upsert (read, then
+    insert) fails one of two concurrent writers. The challenger's run and version are this
+    promotion's own.
+    """
+    tags = decision.as_tags()
+    client.log_batch(run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+    try:
+        lock.ensure_held()
+        champion = decision.champion_version
+    except PromotionLockLost:
+        champion = None
+    record_decision_on_versions(client, model_name, tags, decision.challenger_version, champion)

@@ -25,11 +25,19 @@ class Decision:
 
 
 def decide(challenger_loss: float, champion_loss: float | None, margin: float) -> tuple[bool, str]:
-    """Promote when there is no champion, or the challenger's loss is lower by > margin."""
+    """Promote when there is no champion, when its loss is not finite (NaN, inf), or when the
+    challenger's loss is lower by more than margin."""
     if not math.isfinite(challenger_loss):
         return False, f"challenger loss {challenger_loss} is not a finite number"
     if champion_loss is None:
         return True, "no champion yet"
+    if not math.isfinite(champion_loss):
+        # NaN compares false with everything: a NaN champion would otherwise keep the alias
+        # against every challenger, forever.
+        return True, (
+            f"champion loss {champion_loss} is not a finite number: any challenger with a "
+            f"finite loss ({challenger_loss:.4f}) is better"
+        )
     if challenger_loss < champion_loss - margin:
         return True, (
             f"challenger {challenger_loss:.4f} beats champion {champion_loss:.4f} "
