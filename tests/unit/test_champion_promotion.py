@@ -5,19 +5,15 @@ tests/unit/test_promotion_race.py."""
 
 from __future__ import annotations
 
-import http.server
 import threading
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
 from ddpflow.registry.promotion_lock import read_state
-from ddpflow.registry.read import RegistryError
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, champion_version, promote
+from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, promote
 from ddpflow.workloads.charlm.evaluation import register_model
 from tests.unit.champion_helpers import (
     add_version,
@@ -39,34 +35,6 @@ def registry(tmp_path_factory) -> tuple[str, str, Path]:
     return uri, write_holdout(folder), folder
 
 
-class Unavailable(http.server.BaseHTTPRequestHandler):
-    """What a tracking server behind a load balancer answers while it is down."""
-
-    def _answer(self) -> None:
-        self.send_response(503)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    do_GET = do_POST = do_PATCH = do_DELETE = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def unavailable_mlflow(monkeypatch) -> Iterator[str]:
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Unavailable)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
-
-
 def alias_of(client: MlflowClient, name: str) -> str:
     return str(client.get_model_version_by_alias(name, CHAMPION_ALIAS).version)
 
@@ -85,18 +53,6 @@ def test_the_first_model_is_promoted_when_there_is_no_champion(registry):
     assert alias_of(client, name) == version
     assert client.get_run(run_id).data.tags["ddpflow.retrain.promoted"] == "True"
     assert read_state(client, name).free, "lock released"
-
-
-def test_an_unavailable_registry_is_not_taken_for_no_champion(unavailable_mlflow):
-    started = time.monotonic()
-    with_password = unavailable_mlflow.replace("http://", "http://alice:s3cret-pw@")
-    with pytest.raises(RegistryError, match="cannot read the 'champion' alias") as error:
-        champion_version(with_password, "any-model")
-    assert "nothing was changed" in str(error.value)
-    assert "s3cret-pw" not in str(error.value)
-    with pytest.raises(RegistryError, match="cannot read the 'champion' alias"):
-        promote(unavailable_mlflow, "any-model", "0" * 32, "2", "unused", margin=0.0)
-    assert time.monotonic() - started < 30
 
 
 def test_two_concurrent_promotions_end_with_the_better_model(registry):
