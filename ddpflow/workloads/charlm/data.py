@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_MAX_BYTES = 2**20  # counts and URIs
 
 
 @dataclass(frozen=True)
@@ -155,13 +156,15 @@ def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> 
     # its result types and starts without torch.
     from ddpflow.workloads.charlm.formatting import format_names
 
-    data = storage.read_bytes(raw_uri)
+    data = storage.read_bytes(raw_uri, MAX_SOURCE_BYTES)  # the copy fetch_corpus checked
     digest = storage.sha256_hex(data)
     key = f"{digest[:16]}-v{FORMAT_VERSION}-h{holdout_fraction:g}"
     folder = storage.join(artifact_root, "data", "formatted", key)
     manifest_uri = storage.join(folder, MANIFEST)
     if storage.exists(manifest_uri):
-        return FormattedCorpus(**{**json.loads(storage.read_bytes(manifest_uri)), "reused": True})
+        return FormattedCorpus(
+            **{**json.loads(storage.read_bytes(manifest_uri, MANIFEST_MAX_BYTES)), "reused": True}
+        )
     names, report = parse_names(data, raw_uri)
     train_names, val_names = split_holdout(names, holdout_fraction)
     train, val = format_names(train_names), format_names(val_names)

@@ -17,6 +17,7 @@ from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.samples import TensorSamples
 from ddpflow.training.validation import evaluate_loss
 from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.corpus import MAX_SOURCE_BYTES
 from ddpflow.workloads.charlm.data import FormattedCorpus, load_windows
 from ddpflow.workloads.charlm.formatting import split_xy
 from ddpflow.workloads.charlm.model import CharLSTM
@@ -51,7 +52,8 @@ def evaluate_checkpoint(
     val = TensorSamples(load_windows(val_uri), split_xy)
     val_loss = evaluate_loss(model, val, SINGLE, batch_size=8192)
     names = generate_names(model, num_names, seed=seed)
-    known = set(json.loads(storage.read_bytes(train_names_uri)))
+    # The training names re-encoded as JSON: within twice the source's cap.
+    known = set(json.loads(storage.read_bytes(train_names_uri, 2 * MAX_SOURCE_BYTES)))
     novel = sum(1 for n in names if n and n not in known) / max(1, len(names))
     return EvalResult(val_loss, names, novel, checkpoint_uri, epoch)
 

@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+# A manifest lists the bad and ignored files by name: 64 MiB is a few hundred thousand.
+MANIFEST_MAX_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,8 @@ def format_image_folder(
     folder = storage.join(artifact_root, "data", "images", key)
     manifest_uri = storage.join(folder, MANIFEST)
     if storage.exists(manifest_uri):
-        result = FormattedImages(**{**json.loads(storage.read_bytes(manifest_uri)), "reused": True})
+        stored = json.loads(storage.read_bytes(manifest_uri, MANIFEST_MAX_BYTES))
+        result = FormattedImages(**{**stored, "reused": True})
         # The share is checked again: it depends on this run's max_bad_fraction.
         check_bad_share(redact_url(root), result.num_files, result.bad_images, max_bad_fraction)
         return result
