@@ -45,6 +45,15 @@ class ReadRefused(ValueError):
     """
 
 
+class TooLarge(ReadRefused):
+    """Over the cap: `size` bytes or more (all that is known of a stream), `max_bytes` allowed."""
+
+    def __init__(self, message: str, size: int, max_bytes: int) -> None:
+        super().__init__(message)
+        self.size = size
+        self.max_bytes = max_bytes
+
+
 def read_timeout_s(num_bytes: int) -> float:
     return READ_TIMEOUT_BASE_S + num_bytes / READ_BYTES_PER_S
 
@@ -115,7 +124,9 @@ def _check_kind(shown: str, mode: int, fix: str) -> None:
 
 def _check_size(shown: str, size: int, max_bytes: int, fix: str) -> None:
     if size > max_bytes:
-        raise ReadRefused(
+        raise TooLarge(
             f"{shown} is larger than the {max_bytes / 2**20:g} MiB ({max_bytes} bytes) cap "
-            f"on this input ({size} bytes or more); {fix}"
+            f"on this input ({size} bytes or more); {fix}",
+            size,
+            max_bytes,
         )

@@ -17,10 +17,10 @@ from torch import nn
 
 from ddpflow import storage
 from ddpflow.storage.redact import redact_url
+from ddpflow.workloads.vision.config import ARCHS
 from ddpflow.workloads.vision.pretrained import WeightsError, fetch_imagenet_state
 
 Arch = Literal["resnet18", "resnet50"]
-ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
 # The statistics torchvision's ImageNet weights were trained with; harmless from scratch.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
