@@ -62,14 +62,17 @@ def exists(uri: str) -> bool:
     return bool(fs.exists(path))
 
 
-def read_bytes(uri: str, max_bytes: int, fix: str = "pass the URI of a regular file") -> bytes:
+def read_bytes(
+    uri: str, max_bytes: int, fix: str = "pass the URI of a regular file", cap_setting: str = ""
+) -> bytes:
     """The whole file at `uri`, bounded in kind, size and time (ddpflow.storage.capped_read).
 
     Every caller states its cap: there is no read of "whatever size the file has".
-    ReadRefused (a ValueError) names the URI and ends with `fix`.
+    ReadRefused (a ValueError) names the URI and ends with `fix` (and, over the cap, with
+    `cap_setting`, the setting that raises it, if there is one).
     """
     fs, path = url_to_fs(uri)
-    return read_capped(fs, path, uri, max_bytes, fix)
+    return read_capped(fs, path, uri, max_bytes, fix, cap_setting)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
@@ -137,7 +140,7 @@ def load_torch(uri: str, fix: str = "pass the URI of a file written by torch.sav
     import torch
 
     cap = max_load_bytes()
-    data = read_bytes(uri, cap, f"{fix}, or raise {MAX_LOAD_ENV} (now {cap / 2**20:g})")
+    data = read_bytes(uri, cap, fix, f"{MAX_LOAD_ENV} (now {cap / 2**20:g})")
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 

@@ -58,21 +58,25 @@ def read_timeout_s(num_bytes: int) -> float:
     return READ_TIMEOUT_BASE_S + num_bytes / READ_BYTES_PER_S
 
 
-def read_capped(fs: Any, path: str, shown: str, max_bytes: int, fix: str) -> bytes:
+def read_capped(
+    fs: Any, path: str, shown: str, max_bytes: int, fix: str, cap_setting: str = ""
+) -> bytes:
     """The whole file `path` of `fs`, at most `max_bytes`, within read_timeout_s().
 
     `shown` names the input in errors (it is redacted again here); `fix` ends every
-    ReadRefused message: what to pass instead, or which setting raises the cap.
-    TimeoutError names the input when the listing or the read outlasts its deadline.
+    ReadRefused message (what to pass instead), and `cap_setting`, where one raises the
+    cap, ends TooLarge's. TimeoutError names the input when the listing or the read
+    outlasts its deadline.
     """
     shown = redact_url(shown)
+    size_fix = f"{fix}, or raise {cap_setting}" if cap_setting else fix
     if isinstance(fs, LocalFileSystem):
         # stat never blocks on a FIFO, but a hung network mount blocks it too.
         st = call_bounded(lambda: os.stat(path), READ_TIMEOUT_BASE_S, f"listing {shown}")
         _check_kind(shown, st.st_mode, fix)
-        _check_size(shown, st.st_size, max_bytes, fix)
+        _check_size(shown, st.st_size, max_bytes, size_fix)
         return call_bounded(
-            lambda: _read_local(path, shown, max_bytes, fix),
+            lambda: _read_local(path, shown, max_bytes, fix, size_fix),
             read_timeout_s(min(st.st_size, max_bytes)),
             f"reading {shown}",
         )
@@ -81,26 +85,26 @@ def read_capped(fs: Any, path: str, shown: str, max_bytes: int, fix: str) -> byt
         raise ReadRefused(f"{shown} is not a file (it is a {info.get('type')}); {fix}")
     size = info.get("size")
     if size is not None:
-        _check_size(shown, int(size), max_bytes, fix)
+        _check_size(shown, int(size), max_bytes, size_fix)
     expected = max_bytes if size is None else min(int(size), max_bytes)
     data = call_bounded(
         lambda: _read_stream(fs, path, max_bytes + 1), read_timeout_s(expected), f"reading {shown}"
     )
-    _check_size(shown, len(data), max_bytes, fix)  # grew since it was listed
+    _check_size(shown, len(data), max_bytes, size_fix)  # grew since it was listed
     return data
 
 
-def _read_local(path: str, shown: str, max_bytes: int, fix: str) -> bytes:
+def _read_local(path: str, shown: str, max_bytes: int, fix: str, size_fix: str) -> bytes:
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     with os.fdopen(fd, "rb") as file:
         st = os.fstat(fd)  # what was opened, whatever the path names now
         _check_kind(shown, st.st_mode, fix)
-        _check_size(shown, st.st_size, max_bytes, fix)
+        _check_size(shown, st.st_size, max_bytes, size_fix)
         # One more byte than the size: a file that grew since fstat is seen to be larger.
         data = file.read(min(st.st_size, max_bytes) + 1)
         if len(data) > st.st_size:
             data += file.read(max(0, max_bytes + 1 - len(data)))
-    _check_size(shown, len(data), max_bytes, fix)
+    _check_size(shown, len(data), max_bytes, size_fix)
     return data
 
 
