@@ -139,7 +139,7 @@ def test_a_bad_latest_json_is_refused(kind: str, tmp_path: Path) -> None:
     ):
         message = refused(load, ValueError)
         if kind == "oversized":
-            assert f"cap on this input ({2**20 + 14} bytes or more)" in message
+            assert f"cap on this input ({2**20 + 11} bytes or more)" in message
         if kind == "names /dev/zero":  # the pointer is fine; what it names is refused
             assert "/dev/zero is not a regular file" in message
             assert "pass a checkpoint file or folder written by ddpflow" in message
