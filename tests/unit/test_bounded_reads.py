@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
 import torch
+from fsspec.implementations.memory import MemoryFileSystem
 from mlflow.tracking import MlflowClient
 
 from ddpflow import storage
@@ -26,7 +29,8 @@ from ddpflow.checkpoint.reading import load_checkpoint
 from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.config import MAX_LOAD_ENV, ConfigError, Settings
 from ddpflow.registry.read import RegistryError, tag_checkpoint
-from ddpflow.storage.capped_read import ReadRefused, TooLarge
+from ddpflow.storage import capped_read
+from ddpflow.storage.capped_read import ReadRefused, TooLarge, read_capped
 from ddpflow.workloads.charlm.champion import score_version
 from ddpflow.workloads.charlm.corpus import CorpusError, load_names
 from ddpflow.workloads.charlm.evaluation import load_model
@@ -179,3 +183,47 @@ def test_good_files_still_read(tmp_path: Path) -> None:
     model, epoch = load_model(uri)
     assert epoch == 1 and model.config.hidden_size == 8
     assert load_checkpoint(str(tmp_path / "run")).uri == uri
+
+
+class StalledFS(MemoryFileSystem):
+    """A store that stops answering (no server here can be paused): `stall` blocks its
+    listing or its reads until the test releases it."""
+
+    protocol = "stalled"
+    cachable = False  # fsspec would hand the next test this instance, released
+
+    def __init__(self, stall: str) -> None:
+        super().__init__()
+        self.stall = stall
+        self.release = threading.Event()
+
+    def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
+        if self.stall == "listing":
+            self.release.wait()
+        return super().info(path, **kwargs)
+
+    def _open(self, path: str, mode: str = "rb", **kwargs: Any) -> Any:
+        if self.stall == "reading" and "r" in mode:
+            self.release.wait()
+        return super()._open(path, mode, **kwargs)
+
+
+@pytest.mark.parametrize("stall", ["listing", "reading"])
+def test_a_read_from_a_store_that_stops_answering_ends_at_its_deadline(
+    stall: str, monkeypatch
+) -> None:
+    monkeypatch.setattr(capped_read, "READ_TIMEOUT_BASE_S", 0.5)
+    fs = StalledFS(stall)
+    fs.pipe_file("/stalled/ckpt.pt", b"x" * 100)
+    try:
+        message = raises_within(
+            BOUND_S,
+            TimeoutError,
+            lambda: read_capped(fs, "/stalled/ckpt.pt", "s3://b/ckpt.pt", 200, ""),
+        )
+        # Listing waits the base; reading, the base plus the size at READ_BYTES_PER_S.
+        deadline = "0.5s" if stall == "listing" else "0.50002s"
+        assert message == f"{stall} s3://b/ckpt.pt did not finish within {deadline}"
+    finally:
+        fs.release.set()
+        fs.rm("/stalled", recursive=True)

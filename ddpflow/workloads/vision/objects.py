@@ -24,6 +24,7 @@ from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
+from ddpflow.storage.bounded import call_bounded
 from ddpflow.storage.capped_read import read_timeout_s
 from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import is_transient, retry_call
@@ -242,9 +243,19 @@ def _cost(sizes: Mapping[str, int], key: str, max_bytes: int) -> int:
 
 def _local_or_bad(path: str, real_base: str, max_bytes: int) -> bytes | BadObject:
     try:
-        return read_local(path, real_base, max_bytes)
+        # A deadline as for any other read: a hung network mount must not hang the format.
+        return call_bounded(
+            lambda: read_local(path, real_base, max_bytes),
+            read_timeout_s(max_bytes),
+            f"reading {path}",
+        )
     except BadObject as bad:
         return bad
+    except TimeoutError as error:
+        raise ImageReadError(
+            f"{error}; it is not recorded as a bad image. Check the filesystem the folder is "
+            "on (a hung network mount?) and rerun"
+        ) from error
     except OSError as error:
         raise ImageReadError(
             f"cannot read {path} ({error}); fix its permissions or remove it, then rerun"
