@@ -23,6 +23,11 @@ STORE_OUTAGE_ENV = "DDPFLOW_STORE_OUTAGE_S"
 # A checkpoint write retries for this long before the run fails: a 1-minute store outage
 # (a restart, a network blip) with room to spare.
 DEFAULT_STORE_OUTAGE_S = 300.0
+MAX_LOAD_ENV = "DDPFLOW_MAX_LOAD_MB"
+# The largest tensor file ddpflow loads whole (a checkpoint, weights=, a formatted split):
+# a ResNet-50 checkpoint with its Adam state is about 300 MB and the formatted splits are
+# held in memory anyway; past this a file is taken for a mistake (or /dev/zero's kin).
+DEFAULT_MAX_LOAD_MB = 8192.0
 DEFAULT_NUM_WORKERS = 2
 # Which Dask cluster the flows run on (ddpflow.cluster.build builds each one).
 CLUSTER_KINDS = ("local", "address", "cuda", "jobqueue", "kubernetes")
@@ -59,6 +64,8 @@ class Settings:
     heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
     # How long a checkpoint write waits out an unreachable artifact store (store_outage_s()).
     store_outage_s: float = DEFAULT_STORE_OUTAGE_S
+    # The cap on a tensor file read whole (max_load_bytes()).
+    max_load_bytes: int = int(DEFAULT_MAX_LOAD_MB * 2**20)
 
     @property
     def launch(self) -> LaunchSettings:
@@ -92,6 +99,7 @@ class Settings:
                 HEAL_TIMEOUT_ENV, env.get(HEAL_TIMEOUT_ENV), DEFAULT_HEAL_TIMEOUT_S
             ),
             store_outage_s=store_outage_s(env),
+            max_load_bytes=max_load_bytes(env),
         )
 
 
@@ -101,6 +109,25 @@ def store_outage_s(env: Mapping[str, str] | None = None) -> float:
     settings; the flow reads it with them at its start, so a bad value fails there first."""
     env = os.environ if env is None else env
     return _parse_seconds(STORE_OUTAGE_ENV, env.get(STORE_OUTAGE_ENV), DEFAULT_STORE_OUTAGE_S)
+
+
+def max_load_bytes(env: Mapping[str, str] | None = None) -> int:
+    """DDPFLOW_MAX_LOAD_MB in bytes, alone: read where a file is loaded (a rank's or a
+    task's Dask worker, whose environment a LocalCluster copies from the flow's); the flow
+    reads it with the other settings at its start, so a bad value fails there first."""
+    env = os.environ if env is None else env
+    raw = env.get(MAX_LOAD_ENV)
+    if raw is None or raw.strip() == "":
+        return int(DEFAULT_MAX_LOAD_MB * 2**20)
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 1 <= value < 2**30:
+        raise ConfigError(
+            f"{MAX_LOAD_ENV}={raw!r} is not a size in MiB from 1 up; e.g. {DEFAULT_MAX_LOAD_MB:g}"
+        )
+    return int(value * 2**20)
 
 
 def normalise_root(root: str, base: Path | None = None) -> str:

@@ -26,8 +26,11 @@ Seed = Annotated[
 Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS, description="passes over the training data")]
 BatchSize = Annotated[int, Field(ge=1, description="samples per rank per step")]
 LearningRate = Annotated[float, Field(gt=0, description="Adam learning rate"), Field(le=10)]
-HiddenSize = Annotated[int, Field(ge=1, le=8192, description="LSTM units per layer")]
-NumLayers = Annotated[int, Field(ge=1, le=64, description="LSTM layers")]
+# Read back from checkpoints too (ddpflow.workloads.charlm.config), before allocating.
+MAX_HIDDEN_SIZE = 8192
+MAX_NUM_LAYERS = 64
+HiddenSize = Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE, description="LSTM units per layer")]
+NumLayers = Annotated[int, Field(ge=1, le=MAX_NUM_LAYERS, description="LSTM layers")]
 Dropout = Annotated[float, Field(ge=0, lt=1, description="dropout between LSTM layers")]
 
 # A rank that makes no progress for a week is stuck; past this, timedelta overflows and

@@ -53,6 +53,8 @@ from ddpflow.param_types import (
 )
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
 from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.workloads.vision.config import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE
+from ddpflow.workloads.vision.objects import MAX_IMAGE_MB
 from flows.defaults import TRAIN_CHARLM, TRAIN_IMAGES
 
 # What to pass instead, per field, appended to pydantic's message (which says what is wrong).
@@ -68,7 +70,7 @@ FIXES = {
     "holdout_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.1",
     "val_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.2",
     "max_bad_fraction": "pass a fraction from 0 up to (not including) 1, e.g. 0.01",
-    "max_image_mb": "pass a size in MiB above 0 and at most 1024, e.g. 20",
+    "max_image_mb": f"pass a size in MiB above 0 and at most {MAX_IMAGE_MB:g}, e.g. 20",
     "world_size": "pass a positive number of ranks, or leave it unset for every worker",
     "min_workers": "pass a positive number of ranks, at most world_size",
     "keep_last": "pass a positive number of checkpoints to keep",
@@ -256,7 +258,9 @@ class ImageParams(_Params):
     arch: Literal["resnet18", "resnet50"] = Field(description="torchvision ResNet")
     weights: str = Field(min_length=1, description="none, imagenet or a state_dict URI")
     freeze_backbone: bool = Field(description="train only the new classifier head")
-    image_size: int = Field(ge=8, le=1024, description="side of the square model input, pixels")
+    image_size: int = Field(
+        ge=MIN_IMAGE_SIZE, le=MAX_IMAGE_SIZE, description="side of the square model input, pixels"
+    )
     resize: Literal["crop", "stretch"] = Field(description="how an image becomes square")
     val_fraction: Fraction = Field(description="share of each class held out for validation")
     epochs: Epochs
@@ -272,7 +276,10 @@ class ImageParams(_Params):
         ge=0, lt=1, description="share of unreadable images tolerated (skipped and listed)"
     )
     max_image_mb: float = Field(
-        default=TRAIN_IMAGES["max_image_mb"], gt=0, le=1024, description="cap per image file, MiB"
+        default=TRAIN_IMAGES["max_image_mb"],
+        gt=0,
+        le=MAX_IMAGE_MB,
+        description="cap per image file, MiB",
     )
     keep_last: KeepLast
     checkpoint_every_steps: CheckpointEverySteps = TRAIN_IMAGES["checkpoint_every_steps"]

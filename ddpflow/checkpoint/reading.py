@@ -9,7 +9,6 @@ export, or a training of your own that starts from it.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +20,7 @@ from ddpflow.checkpoint.store import (
     STATE_SUFFIX,
     Stateful,
     info_values,
+    read_pointer,
     saved_names,
     unwrap,
 )
@@ -46,7 +46,7 @@ def load_checkpoint(uri: str, **objects: Stateful) -> LoadedCheckpoint:
     `latest.json` names the newest complete checkpoint.
     """
     file_uri = _checkpoint_file(uri)
-    state = storage.load_torch(file_uri)
+    state = storage.load_torch(file_uri, "pass a checkpoint file or folder written by ddpflow")
     names = saved_names(state) if isinstance(state, dict) else []
     if not names or "epoch" not in state:
         raise ValueError(
@@ -87,4 +87,4 @@ def _checkpoint_file(uri: str) -> str:
             f"{uri} has no {POINTER_NAME}: pass a training's checkpoint_dir (after its first "
             "checkpoint) or one of its .pt files"
         )
-    return json.loads(storage.read_bytes(pointer))["uri"]
+    return read_pointer(pointer)

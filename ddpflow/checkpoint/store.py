@@ -41,6 +41,7 @@ from ddpflow.tracking.loggers import MetricLogger
 FORMAT_VERSION = 1
 LATEST_CHECKPOINT_TAG = "ddpflow.latest_checkpoint"
 POINTER_NAME = "latest.json"
+POINTER_MAX_BYTES = 2**16  # {"uri": ..., "epoch": N}
 log = logging.getLogger(__name__)
 
 
@@ -181,14 +182,14 @@ class CheckpointStore:
         pointer_uri = storage.join(self.root, POINTER_NAME)
         if not storage.exists(pointer_uri):
             return None
-        return json.loads(storage.read_bytes(pointer_uri))["uri"]
+        return read_pointer(pointer_uri)
 
     def load(self, uri: str | None = None) -> dict[str, Any]:
         """Load a checkpoint (the latest complete one by default) with weights_only=True."""
         uri = uri or self.latest_uri()
         if uri is None:
             raise FileNotFoundError(f"no checkpoint under {self.root} (no {POINTER_NAME})")
-        return storage.load_torch(uri)
+        return storage.load_torch(uri, "pass a checkpoint file or folder written by ddpflow")
 
     def list_uris(self) -> list[str]:
         names = storage.list_names(self.root)
@@ -201,6 +202,25 @@ class CheckpointStore:
         for uri in uris:
             if uri not in keep:
                 storage.delete(uri)
+
+
+def read_pointer(pointer_uri: str) -> str:
+    """The checkpoint URI a `latest.json` names; ValueError naming the file when it is not one.
+
+    Read with a cap: the folder may be anyone's (a registry tag or a user names it), and a
+    pointer that is a FIFO or a huge file must fail, not hang or fill memory.
+    """
+    fix = f"pass a training's checkpoint_dir, whose {POINTER_NAME} ddpflow wrote"
+    data = storage.read_bytes(pointer_uri, POINTER_MAX_BYTES, fix)
+    try:
+        uri = json.loads(data)["uri"]
+    except (ValueError, TypeError, KeyError) as error:  # bad UTF-8 is a ValueError too
+        raise ValueError(
+            f"{pointer_uri} is not a checkpoint pointer ({error!r:.100}); {fix}"
+        ) from None
+    if not isinstance(uri, str) or not uri:
+        raise ValueError(f"{pointer_uri} names no checkpoint file ({uri!r:.100}); {fix}")
+    return uri
 
 
 def _outage_tolerant_writer() -> Callable[[str, bytes], None]:

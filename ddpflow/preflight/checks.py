@@ -71,7 +71,7 @@ def check_artifact_store(root: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Non
     def roundtrip() -> None:
         storage.write_bytes(probe, payload)
         try:
-            if storage.read_bytes(probe) != payload:
+            if storage.read_bytes(probe, len(payload) + 1) != payload:
                 raise OSError("read back different bytes than written")
         finally:
             storage.delete(probe)

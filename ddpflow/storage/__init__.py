@@ -17,6 +17,9 @@ import fsspec
 from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
+from ddpflow.config import MAX_LOAD_ENV, max_load_bytes
+from ddpflow.storage.capped_read import read_capped
+
 
 def join(base: str, *parts: str) -> str:
     """Join URI parts with '/', whatever the scheme."""
@@ -59,9 +62,17 @@ def exists(uri: str) -> bool:
     return bool(fs.exists(path))
 
 
-def read_bytes(uri: str) -> bytes:
+def read_bytes(
+    uri: str, max_bytes: int, fix: str = "pass the URI of a regular file", cap_setting: str = ""
+) -> bytes:
+    """The whole file at `uri`, bounded in kind, size and time (ddpflow.storage.capped_read).
+
+    Every caller states its cap: there is no read of "whatever size the file has".
+    ReadRefused (a ValueError) names the URI and ends with `fix` (and, over the cap, with
+    `cap_setting`, the setting that raises it, if there is one).
+    """
     fs, path = url_to_fs(uri)
-    return fs.cat_file(path)
+    return read_capped(fs, path, uri, max_bytes, fix, cap_setting)
 
 
 def write_bytes(uri: str, data: bytes) -> None:
@@ -121,11 +132,16 @@ def save_torch(uri: str, obj: Any) -> int:
     return len(data)
 
 
-def load_torch(uri: str) -> Any:
-    """torch.load with weights_only=True: plain tensors and containers, never pickled code."""
+def load_torch(uri: str, fix: str = "pass the URI of a file written by torch.save") -> Any:
+    """torch.load with weights_only=True: plain tensors and containers, never pickled code.
+
+    The file is read whole first, at most DDPFLOW_MAX_LOAD_MB (ddpflow.config.max_load_bytes).
+    """
     import torch
 
-    return torch.load(io.BytesIO(read_bytes(uri)), map_location="cpu", weights_only=True)
+    cap = max_load_bytes()
+    data = read_bytes(uri, cap, fix, f"{MAX_LOAD_ENV} (now {cap / 2**20:g})")
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 def sha256_hex(data: bytes) -> str:

@@ -78,7 +78,7 @@ def server(request) -> Iterator[FlakyServer]:
 def test_transient_http_errors_are_retried(server, tmp_path):
     url = f"http://127.0.0.1:{server.server_address[1]}/names.json"
     copy = fetch_corpus(url, str(tmp_path))
-    assert storage.read_bytes(copy.uri) == BODY
+    assert storage.read_bytes(copy.uri, 2**20) == BODY
     assert [s for _, _, s in server.requests].count(503) == 2
 
 
@@ -142,7 +142,7 @@ def test_http_credentials_come_from_netrc(server, tmp_path, monkeypatch):
     assert "401" in str(info.value) and url in str(info.value)
     netrc.write_text(f"machine 127.0.0.1 login alice password {PASSWORD}\n")
     copy = fetch_corpus(url, str(tmp_path / "store"))
-    assert storage.read_bytes(copy.uri) == BODY
+    assert storage.read_bytes(copy.uri, 2**20) == BODY
 
 
 # docs/configuration.md: a public s3:// source is read anonymously when no key is set.
@@ -158,4 +158,4 @@ def test_public_s3_source_is_read_anonymously_without_any_credential(moto, tmp_p
         copy = fetch_corpus(f"s3://{BUCKET}/pets/names.json", str(tmp_path))
         with pytest.raises(PermissionError, match="Forbidden"):  # anonymous indeed
             fetch_corpus(f"s3://{BUCKET}/private/names.json", str(tmp_path))
-    assert storage.read_bytes(copy.uri) == BODY and not copy.reused
+    assert storage.read_bytes(copy.uri, 2**20) == BODY and not copy.reused

@@ -65,7 +65,7 @@ def _assert_resume_is_exact(run: Callable[[str], Any], tmp_path: Path) -> None:
     run(full)
     resumed = str(tmp_path / "resumed")
     # The uninterrupted run's epoch-1 checkpoint, as if the run had stopped right after it.
-    first = storage.read_bytes(CheckpointStore(full).uri_for(1))
+    first = storage.read_bytes(CheckpointStore(full).uri_for(1), 2**30)
     CheckpointStore(resumed).save_encoded(1, first)
     run(resumed)
     a, b = (CheckpointStore(root).load() for root in (full, resumed))

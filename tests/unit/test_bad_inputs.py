@@ -175,7 +175,8 @@ CASES = [
     Case("source-not-json", source(lambda p: p.write_text("bella, max")),
          CorpusError, "names.json: not valid JSON", "expected a JSON list of name strings"),
     Case("source-fifo", source(_fifo),
-         CorpusError, "names.json: not a regular file", "pass a JSON file of names"),
+         CorpusError, "names.json is not a regular file (it is a FIFO)",
+         "pass a JSON file of names"),
     Case("source-over-cap", source(_sparse(101 * 2**20)),
          CorpusError, "names.json: 105906176 bytes", "over the 100 MiB cap"),
     # image folders (train-images)

@@ -104,7 +104,7 @@ def test_encode_matches_saved_bytes(tmp_path: Path) -> None:
     data = encode(state)
     store = CheckpointStore(str(tmp_path))
     uri = store.save_encoded(1, data)
-    assert storage.read_bytes(uri) == data
+    assert storage.read_bytes(uri, len(data)) == data
 
 
 def test_unwrap_plain_module_is_identity() -> None:
@@ -319,7 +319,7 @@ def test_storage_exists_read_delete_list(tmp_path: Path) -> None:
     assert storage.list_names(str(tmp_path / "missing")) == []
     storage.write_bytes(uri, b"x")
     assert storage.exists(uri)
-    assert storage.read_bytes(uri) == b"x"
+    assert storage.read_bytes(uri, 1) == b"x"
     assert storage.list_names(str(tmp_path / "a")) == ["b.bin"]
     storage.delete(uri)
     assert not storage.exists(uri)

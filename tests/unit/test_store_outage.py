@@ -73,7 +73,7 @@ def state(epoch: int) -> dict:
 
 
 def pointer(store: CheckpointStore) -> dict:
-    return json.loads(storage.read_bytes(storage.join(store.root, "latest.json")))
+    return json.loads(storage.read_bytes(storage.join(store.root, "latest.json"), 2**16))
 
 
 # --- retry_for -------------------------------------------------------------------------------

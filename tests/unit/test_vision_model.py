@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 import torch
 import torchvision
-from torchvision.models._api import WeightsEnum
 
 from ddpflow import storage
 from ddpflow.registry.serving import LogitsOnly
@@ -76,12 +77,13 @@ def test_weights_for_another_arch_are_rejected_clearly(tmp_path: Path) -> None:
 
 
 def test_imagenet_without_network_says_what_to_do(monkeypatch, tmp_path: Path) -> None:
-    import urllib.error
+    """The download is the one thing mocked: this machine has no network to fail on."""
 
-    def offline(self, *args, **kwargs):
+    def offline(*args, **kwargs):
         raise urllib.error.URLError("[Errno -2] Name or service not known")
 
-    monkeypatch.setattr(WeightsEnum, "get_state_dict", offline)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))  # an empty hub cache
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
     with pytest.raises(WeightsError) as error:
         build_resnet("resnet18", 3, weights="imagenet")
     message = str(error.value)

@@ -5,6 +5,9 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
+from fsspec.implementations.local import LocalFileSystem
+
+from ddpflow.storage.capped_read import ReadRefused, TooLarge, read_capped
 from ddpflow.storage.redact import redact_text
 from ddpflow.workloads.charlm.vocab import CleanReport, clean_names
 
@@ -80,8 +83,12 @@ def parse_names(data: bytes, source: str) -> tuple[list[str], CleanReport]:
 def load_names(path: str | Path = DEFAULT_CORPUS_PATH) -> tuple[list[str], CleanReport]:
     """:func:`parse_names` on a local file (the shipped stand-in corpus by default)."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
+    try:  # a regular file, capped and in time: a FIFO or /dev/zero must fail, not hang
+        data = read_capped(LocalFileSystem(), str(path), str(path), MAX_SOURCE_BYTES, _EXPECTED)
+    except TooLarge as large:
+        raise source_too_large(str(path), large.size) from None
+    except ReadRefused as refused:
+        raise CorpusError(str(refused)) from None
     except OSError as err:
         raise CorpusError(f"{path}: cannot read corpus ({err}); {_EXPECTED}") from err
     return parse_names(data, str(path))

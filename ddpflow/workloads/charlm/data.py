@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from fsspec.implementations.http import HTTPFileSystem
-from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
+from ddpflow.storage.bounded import call_bounded
+from ddpflow.storage.capped_read import ReadRefused, TooLarge, read_capped, read_timeout_s
 from ddpflow.storage.redact import clean_cause, redact_text, redact_url
 from ddpflow.storage.retry import retry_call
 from ddpflow.workloads.charlm.corpus import (
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+MANIFEST_MAX_BYTES = 2**20  # counts and URIs
 
 
 @dataclass(frozen=True)
@@ -105,23 +106,24 @@ def read_source(source: str, max_bytes: int = MAX_SOURCE_BYTES) -> bytes:
 
 
 def _read_capped(fs: Any, path: str, shown: str, max_bytes: int) -> bytes:
-    """Refuse what is too large (or, locally, not a regular file) before reading it whole."""
+    """Refuse what is too large or not a regular file, and a read that takes too long."""
     if isinstance(fs, HTTPFileSystem):
         # A stream read in bounded pieces: the size may be unknown until the end. size=
         # skips open()'s size probe, whose failure (a 503 too) fsspec reports as
         # FileNotFoundError, which would hide a transient error from the retry.
-        with fs.open(path, "rb", block_size=0, size=max_bytes + 1) as stream:
-            data = _read_at_most(stream, max_bytes + 1)
+        def stream() -> bytes:
+            with fs.open(path, "rb", block_size=0, size=max_bytes + 1) as file:
+                return _read_at_most(file, max_bytes + 1)
+
+        data = call_bounded(stream, read_timeout_s(max_bytes), f"downloading {shown}")
     else:
-        if isinstance(fs, LocalFileSystem):
-            st = os.stat(path)  # a missing file raises FileNotFoundError here
-            if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
-                raise CorpusError(f"{shown}: not a regular file; pass a JSON file of names")
-        size = fs.size(path)
-        if size is not None and size > max_bytes:
-            raise source_too_large(shown, size, max_bytes)
-        data = fs.cat_file(path)
-    if len(data) > max_bytes:  # grew since the size was read, or a stream
+        try:
+            data = read_capped(fs, path, shown, max_bytes, "pass a JSON file of names")
+        except TooLarge as large:
+            raise source_too_large(shown, large.size, max_bytes) from None
+        except ReadRefused as refused:
+            raise CorpusError(str(refused)) from None
+    if len(data) > max_bytes:  # a stream
         raise source_too_large(shown, len(data), max_bytes)
     return data
 
@@ -155,13 +157,15 @@ def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> 
     # its result types and starts without torch.
     from ddpflow.workloads.charlm.formatting import format_names
 
-    data = storage.read_bytes(raw_uri)
+    data = storage.read_bytes(raw_uri, MAX_SOURCE_BYTES)  # the copy fetch_corpus checked
     digest = storage.sha256_hex(data)
     key = f"{digest[:16]}-v{FORMAT_VERSION}-h{holdout_fraction:g}"
     folder = storage.join(artifact_root, "data", "formatted", key)
     manifest_uri = storage.join(folder, MANIFEST)
     if storage.exists(manifest_uri):
-        return FormattedCorpus(**{**json.loads(storage.read_bytes(manifest_uri)), "reused": True})
+        return FormattedCorpus(
+            **{**json.loads(storage.read_bytes(manifest_uri, MANIFEST_MAX_BYTES)), "reused": True}
+        )
     names, report = parse_names(data, raw_uri)
     train_names, val_names = split_holdout(names, holdout_fraction)
     train, val = format_names(train_names), format_names(val_names)

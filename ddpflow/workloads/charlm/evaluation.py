@@ -17,10 +17,11 @@ from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.samples import TensorSamples
 from ddpflow.training.validation import evaluate_loss
-from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.config import CharLSTMConfig, ModelConfigError
+from ddpflow.workloads.charlm.corpus import MAX_SOURCE_BYTES
 from ddpflow.workloads.charlm.data import FormattedCorpus, load_windows
 from ddpflow.workloads.charlm.formatting import split_xy
-from ddpflow.workloads.charlm.model import CharLSTM
+from ddpflow.workloads.charlm.model import CharLSTM, check_state_fits
 from ddpflow.workloads.charlm.sampling import generate_names
 from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
 
@@ -37,8 +38,16 @@ class EvalResult:
 
 
 def load_model(checkpoint_uri: str) -> tuple[CharLSTM, int]:
+    """The char LSTM of a checkpoint; its sizes are checked before the network is built."""
     state = CheckpointStore(checkpoint_uri.rsplit("/", 1)[0]).load(checkpoint_uri)
-    model = CharLSTM(CharLSTMConfig.from_dict(state["model_config"]))
+    try:
+        config = CharLSTMConfig.from_dict(state["model_config"])
+        check_state_fits(config, state["model_state"])
+    except ModelConfigError as error:
+        raise ModelConfigError(
+            f"{checkpoint_uri}: {error}; pass a checkpoint written by ddpflow's char-LM training"
+        ) from None
+    model = CharLSTM(config)
     model.load_state_dict(state["model_state"])
     return model.eval(), int(state["epoch"])
 
@@ -52,7 +61,8 @@ def evaluate_checkpoint(
     val = TensorSamples(load_windows(val_uri), split_xy)
     val_loss = evaluate_loss(model, val, SINGLE, batch_size=8192)
     names = generate_names(model, num_names, seed=seed)
-    known = set(json.loads(storage.read_bytes(train_names_uri)))
+    # The training names re-encoded as JSON: within twice the source's cap.
+    known = set(json.loads(storage.read_bytes(train_names_uri, 2 * MAX_SOURCE_BYTES)))
     novel = sum(1 for n in names if n and n not in known) / max(1, len(names))
     return EvalResult(val_loss, names, novel, checkpoint_uri, epoch)
 

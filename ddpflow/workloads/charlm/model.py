@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ddpflow.workloads.charlm.config import CharLSTMConfig
+from ddpflow.workloads.charlm.config import CharLSTMConfig, ModelConfigError
 
 
 class CharLSTM(nn.Module):
@@ -38,3 +41,30 @@ class CharLSTM(nn.Module):
             return logits, None
         loss = F.cross_entropy(logits.transpose(1, 2), targets.long())
         return logits, loss
+
+
+def check_state_fits(config: CharLSTMConfig, model_state: Mapping[str, Any]) -> None:
+    """The sizes `config` states are those of the checkpoint's own tensors, checked first.
+
+    Those tensors are already in memory (a capped read), so a network built from a config
+    that matches them is no larger: an in-range but inflated config (8192 units in 64 layers
+    would be ~140 GB) fails here, naming the field, instead of allocating.
+    """
+    hidden, layers = config.hidden_size, config.num_layers
+    expected = {
+        "fc.weight": ("hidden_size", (config.vocab_size, hidden)),
+        f"lstm.weight_hh_l{layers - 1}": ("num_layers", (4 * hidden, hidden)),
+    }
+    for name, (field, shape) in expected.items():
+        tensor = model_state.get(name) if isinstance(model_state, Mapping) else None
+        found = tuple(getattr(tensor, "shape", ())) if tensor is not None else None
+        if found != shape:
+            raise ModelConfigError(
+                f"model_config.{field}={getattr(config, field)} does not match the "
+                f"checkpoint's weights ({name} is {found or 'missing'}, expected {shape})"
+            )
+    if f"lstm.weight_hh_l{layers}" in model_state:
+        raise ModelConfigError(
+            f"model_config.num_layers={layers} does not match the checkpoint's weights "
+            f"(it has a layer lstm.weight_hh_l{layers})"
+        )

@@ -28,6 +28,7 @@ from ddpflow.workloads.vision.image_folder import (
     check_classes_have_images,
     decode_image,
     list_image_folder,
+    pixel_limit,
 )
 from ddpflow.workloads.vision.objects import DEFAULT_MAX_IMAGE_MB, BadObject, read_objects
 from ddpflow.workloads.vision.split import stratified_split
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
 FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
+# A manifest lists the bad and ignored files by name: 64 MiB is a few hundred thousand.
+MANIFEST_MAX_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -122,11 +125,12 @@ def format_image_folder(
     folder = storage.join(artifact_root, "data", "images", key)
     manifest_uri = storage.join(folder, MANIFEST)
     if storage.exists(manifest_uri):
-        result = FormattedImages(**{**json.loads(storage.read_bytes(manifest_uri)), "reused": True})
+        stored = json.loads(storage.read_bytes(manifest_uri, MANIFEST_MAX_BYTES))
+        result = FormattedImages(**{**stored, "reused": True})
         # The share is checked again: it depends on this run's max_bad_fraction.
         check_bad_share(redact_url(root), result.num_files, result.bad_images, max_bad_fraction)
         return result
-    keys, images, labels, bad = decode_all(index, spec.transform())
+    keys, images, labels, bad = decode_all(index, spec.transform(), pixel_limit(spec.image_size))
     bad = sorted([*index.skipped, *bad], key=lambda b: b.key)
     num_files = len(index.samples) + len(index.skipped)
     check_bad_share(redact_url(root), num_files, bad, max_bad_fraction)
@@ -156,7 +160,7 @@ def format_image_folder(
 
 
 def decode_all(
-    index: ImageIndex, transform: Transform
+    index: ImageIndex, transform: Transform, max_pixels: int
 ) -> tuple[list[str], list[torch.Tensor], list[int], list[BadImage]]:
     """Decode every sample in the main process; collect the unreadable ones with their keys."""
     labels_by_key = dict(index.samples)
@@ -165,12 +169,12 @@ def decode_all(
     labels: list[int] = []
     bad: list[BadImage] = []
     sample_keys = [k for k, _ in index.samples]
-    for key, data in read_objects(index.root, sample_keys, index.max_image_bytes):
+    for key, data in read_objects(index.root, sample_keys, index.max_image_bytes, index.sizes):
         if isinstance(data, BadObject):
             bad.append(BadImage(key, data.reason))
             continue
         try:
-            tensor = transform(decode_image(data))
+            tensor = transform(decode_image(data, max_pixels))
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             # PIL raises these for truncated, corrupt and non-image bytes.
             bad.append(BadImage(key, f"{type(error).__name__}: {error}"[:200]))

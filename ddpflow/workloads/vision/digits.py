@@ -17,6 +17,7 @@ from PIL import Image
 from ddpflow import storage
 
 MARKER = "_digits.json"  # at the top level, which image-folder listings ignore
+MARKER_MAX_BYTES = 2**16  # two numbers
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,6 @@ def ensure_digits(root: str) -> DigitsFolder:
     """The digits folder at `root`, written only when no complete copy is there yet."""
     marker_uri = storage.join(root, MARKER)
     if storage.exists(marker_uri):
-        marker = json.loads(storage.read_bytes(marker_uri))
+        marker = json.loads(storage.read_bytes(marker_uri, MARKER_MAX_BYTES))
         return DigitsFolder(root, marker["num_images"], marker["num_classes"], written=False)
     return write_digits(root)

@@ -16,7 +16,7 @@ from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.registry.serving import register_checkpoint_model
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.workloads.vision.config import ImageModelConfig
+from ddpflow.workloads.vision.config import ImageModelConfig, ModelConfigError
 from ddpflow.workloads.vision.data import load_split
 from ddpflow.workloads.vision.metrics import confusion_matrix, predict
 from ddpflow.workloads.vision.model import ImageClassifier, build_resnet
@@ -47,7 +47,19 @@ class ImageEvalResult:
 
 def load_model(checkpoint_uri: str) -> tuple[ImageClassifier, ImageModelConfig, int]:
     state = CheckpointStore(checkpoint_uri.rsplit("/", 1)[0]).load(checkpoint_uri)
-    config = ImageModelConfig.from_dict(state["model_config"])
+    try:
+        config = ImageModelConfig.from_dict(state["model_config"])
+        head = state["model_state"].get("backbone.fc.weight")
+        if head is None or tuple(head.shape)[:1] != (config.num_classes,):
+            found = "missing" if head is None else tuple(head.shape)
+            raise ModelConfigError(
+                f"model_config.num_classes={config.num_classes} does not match the "
+                f"checkpoint's head (backbone.fc.weight is {found})"
+            )
+    except ModelConfigError as error:
+        raise ModelConfigError(
+            f"{checkpoint_uri}: {error}; pass a checkpoint written by ddpflow's image training"
+        ) from None
     # No pretrained weights to fetch: the checkpoint holds every weight.
     model = build_resnet(config.arch, config.num_classes, "none", config.freeze_backbone)
     model.load_state_dict(state["model_state"])

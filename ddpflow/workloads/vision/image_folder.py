@@ -20,9 +20,17 @@ from PIL import Image
 
 from ddpflow import storage
 from ddpflow.storage.redact import redact_url
-from ddpflow.workloads.vision.objects import DEFAULT_MAX_IMAGE_MB, list_objects, mb_to_bytes
+from ddpflow.workloads.vision.objects import (
+    DEFAULT_MAX_IMAGE_MB,
+    MAX_IMAGE_MB,
+    list_objects,
+    mb_to_bytes,
+)
 
 MAX_KEYS_SHOWN = 10
+# decode_image's pixel limit (pixel_limit()): a 16.8-megapixel photo decodes at any image_size.
+MIN_PIXEL_LIMIT = 2**24
+PIXEL_LIMIT_FACTOR = 8
 # torchvision's ImageFolder extensions (torchvision.datasets.folder.IMG_EXTENSIONS), written
 # out so that listing a folder in the flow process does not import torch.
 IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
@@ -49,6 +57,7 @@ class ImageIndex:
     fingerprint: str  # changes when any listed file is added, removed or rewritten
     skipped: list[BadImage] = field(default_factory=list)  # image entries never read
     max_image_bytes: int = mb_to_bytes(DEFAULT_MAX_IMAGE_MB)
+    sizes: dict[str, int] = field(default_factory=dict)  # listed size of each sample
 
     def uri(self, key: str) -> str:
         return storage.join(self.root, key)
@@ -60,6 +69,11 @@ def list_image_folder(root: str, max_image_mb: float = DEFAULT_MAX_IMAGE_MB) -> 
     Entries that must not be read (not a regular file, a symlink out of the folder, over
     `max_image_mb`) are kept out of the samples and reported in `skipped` with the reason.
     """
+    if not 0 < max_image_mb <= MAX_IMAGE_MB:
+        raise ValueError(
+            f"max_image_mb={max_image_mb:g} is not above 0 and at most {MAX_IMAGE_MB:g} "
+            "(MiB per image file); pass e.g. 20"
+        )
     max_bytes = mb_to_bytes(max_image_mb)
     listing = list_objects(root, max_bytes)
     if listing.linked_classes:
@@ -97,7 +111,8 @@ def _build_index(
     image_set = set(images)
     ignored = [_with_problem(k, files[k]) for k in ordered if k not in image_set]
     fingerprint = _fingerprint(images, files)
-    return ImageIndex(root, classes, samples, ignored, fingerprint, skipped, max_bytes)
+    sizes = {k: int(files[k].get("size") or 0) for k in readable}
+    return ImageIndex(root, classes, samples, ignored, fingerprint, skipped, max_bytes, sizes)
 
 
 def _with_problem(key: str, info: dict[str, Any]) -> str:
@@ -127,9 +142,31 @@ def _fingerprint(keys: list[str], files: dict[str, dict[str, Any]]) -> str:
     return digest.hexdigest()
 
 
-def decode_image(data: bytes) -> Image.Image:
-    """An RGB PIL image from encoded bytes; raises for anything PIL cannot fully decode."""
+def pixel_limit(image_size: int) -> int:
+    """The most pixels an image may decode to when it is resized to `image_size`.
+
+    (8 x image_size)^2, and at least MIN_PIXEL_LIMIT: room for photos far larger than the
+    model input, while a decompression bomb (a few KB of PNG that decodes to gigabytes) is
+    refused. PIL's own limit, ~179 M pixels (537 MB as RGB) whatever the model needs, is far
+    above what any image_size here uses.
+    """
+    return max(MIN_PIXEL_LIMIT, (PIXEL_LIMIT_FACTOR * image_size) ** 2)
+
+
+def decode_image(data: bytes, max_pixels: int) -> Image.Image:
+    """An RGB PIL image from encoded bytes; raises for anything PIL cannot fully decode.
+
+    Image.DecompressionBombError for more than `max_pixels`, checked on the header,
+    before any pixel is decoded.
+    """
     with Image.open(io.BytesIO(data)) as image:
+        width, height = image.size
+        if width * height > max_pixels:
+            raise Image.DecompressionBombError(
+                f"{width}x{height} pixels, over the limit of {max_pixels:,} (8 x image_size "
+                "squared, at least 16.8 M): a decompression bomb or an oversized image; "
+                "downscale it or raise image_size"
+            )
         image.load()  # decode now: a truncated file fails here, not in a training step
         return image.convert("RGB")
 

@@ -17,16 +17,13 @@ from torch import nn
 
 from ddpflow import storage
 from ddpflow.storage.redact import redact_url
+from ddpflow.workloads.vision.config import ARCHS
+from ddpflow.workloads.vision.pretrained import WeightsError, fetch_imagenet_state
 
 Arch = Literal["resnet18", "resnet50"]
-ARCHS: tuple[str, ...] = ("resnet18", "resnet50")
 # The statistics torchvision's ImageNet weights were trained with; harmless from scratch.
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-class WeightsError(ValueError):
-    """Pretrained weights could not be fetched or do not fit the architecture."""
 
 
 class ImageClassifier(nn.Module):
@@ -84,7 +81,8 @@ def load_pretrained_state(arch: str, weights: str) -> dict[str, torch.Tensor] | 
         return None
     if weights == "imagenet":
         return fetch_imagenet_state(arch)
-    state = storage.load_torch(weights)  # weights_only=True: tensors, never pickled code
+    # weights_only=True: tensors, never pickled code; a capped, regular file, read in time.
+    state = storage.load_torch(weights, "pass weights= the URI of a saved state_dict")
     if isinstance(state, dict) and "model_state" in state:  # a ddpflow checkpoint
         state = state["model_state"]
     if not isinstance(state, dict):
@@ -116,20 +114,6 @@ def resolve_weights(arch: str, weights: str, artifact_root: str) -> str | None:
         )
     build_resnet(arch, 2, uri)  # loads and checks every tensor's name and shape
     return uri
-
-
-def fetch_imagenet_state(arch: str) -> dict[str, torch.Tensor]:
-    enum = torchvision.models.get_model_weights(arch).DEFAULT
-    try:
-        return enum.get_state_dict(progress=False, check_hash=True)
-    except (OSError, RuntimeError) as error:  # URLError is an OSError; a bad hash a RuntimeError
-        raise WeightsError(
-            f"could not fetch the ImageNet weights for {arch} ({enum}) from {enum.url}: "
-            f"{error}. Without network access, pass weights=<URI> of a state_dict stored in "
-            f"the artifact store (torch.save(torchvision.models.{arch}(weights='DEFAULT')"
-            ".state_dict(), ...) on a machine that can download it), or weights=none to "
-            "train from scratch"
-        ) from error
 
 
 def _load_backbone(

@@ -16,18 +16,28 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
+from ddpflow.storage.bounded import call_bounded
+from ddpflow.storage.capped_read import read_timeout_s
 from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import is_transient, retry_call
 
 DEFAULT_MAX_IMAGE_MB = 20.0
-READ_CHUNK = 256  # objects fetched concurrently per request batch: bounds memory, not speed
+# The largest per-image cap a run may set (max_image_mb): far above any photo, and what one
+# object may hold in memory at once on top of the decoded images.
+MAX_IMAGE_MB = 256.0
+# Object-store reads go in concurrent batches of at most this many bytes (the listed sizes,
+# each at most the cap) and this many objects: memory in flight is bounded by bytes, not by
+# a count of objects of any size. An object larger than the budget is read alone.
+READ_BUDGET_BYTES = 256 * 2**20
+MAX_READS_IN_FLIGHT = 256
 _KINDS = {
     stat.S_IFIFO: "a FIFO",
     stat.S_IFCHR: "a character device",
@@ -171,12 +181,14 @@ def read_local(path: str, real_base: str, max_bytes: int) -> bytes:
 
 
 def read_objects(
-    root: str, keys: Sequence[str], max_bytes: int
+    root: str, keys: Sequence[str], max_bytes: int, sizes: Mapping[str, int] | None = None
 ) -> Iterator[tuple[str, bytes | BadObject]]:
     """(key, bytes) per key, or (key, BadObject) where the object itself is unusable.
 
-    Raises ImageReadError when a read fails for another reason: retried first when the
-    error is transient (connection reset, 5xx, timeout), at once when it is not.
+    `sizes`: the listed size of each key (unknown ones count as `max_bytes`), which sets
+    how many object-store reads go at once (read_batches). Raises ImageReadError when a
+    read fails for another reason: retried first when the error is transient (connection
+    reset, 5xx, timeout), at once when it is not.
     """
     fs, base = storage.url_to_fs(root)
     base = base.rstrip("/")
@@ -185,34 +197,78 @@ def read_objects(
         for key in keys:
             yield key, _local_or_bad(f"{base}/{key}", real_base, max_bytes)
         return
-    for start in range(0, len(keys), READ_CHUNK):
-        paths = {f"{base}/{key}": key for key in keys[start : start + READ_CHUNK]}
-        contents = fs.cat(list(paths), on_error="return")
+    sizes = sizes or {}
+    for batch in read_batches(keys, sizes, max_bytes):
+        empty = [key for key in batch if sizes.get(key) == 0]
+        for key in empty:  # a ranged read of an empty object is an error on S3
+            yield key, BadObject("an empty file (0 bytes)")
+        paths = {f"{base}/{key}": key for key in batch if key not in empty}
+        # At most cap + 1 bytes of each: an object rewritten larger since the listing is
+        # cut off and refused below, never read whole.
+        limits = {"start": 0, "end": max_bytes + 1}
+        if isinstance(fs, AsyncFileSystem):  # a deadline for the batch, as for a single read
+            limits["timeout"] = read_timeout_s(
+                sum(_cost(sizes, k, max_bytes) for k in paths.values())
+            )
+        contents = fs.cat(list(paths), on_error="return", **limits)
         for path, key in paths.items():
             data = contents.get(path)
             if not isinstance(data, bytes):
-                data = _retry_remote(fs, path, storage.join(root, key), data)
+                data = _retry_remote(fs, path, storage.join(root, key), data, max_bytes)
             # The listing checked the size; an object rewritten since is checked again.
             fits = len(data) <= max_bytes
             yield key, data if fits else BadObject(too_large(len(data), max_bytes))
 
 
+def read_batches(
+    keys: Sequence[str], sizes: Mapping[str, int], max_bytes: int
+) -> Iterator[list[str]]:
+    """`keys` in order, in batches of at most READ_BUDGET_BYTES and MAX_READS_IN_FLIGHT."""
+    batch: list[str] = []
+    total = 0
+    for key in keys:
+        cost = _cost(sizes, key, max_bytes)
+        if batch and (total + cost > READ_BUDGET_BYTES or len(batch) >= MAX_READS_IN_FLIGHT):
+            yield batch
+            batch, total = [], 0
+        batch.append(key)
+        total += cost
+    if batch:
+        yield batch
+
+
+def _cost(sizes: Mapping[str, int], key: str, max_bytes: int) -> int:
+    return min(sizes.get(key, max_bytes), max_bytes) + 1
+
+
 def _local_or_bad(path: str, real_base: str, max_bytes: int) -> bytes | BadObject:
     try:
-        return read_local(path, real_base, max_bytes)
+        # A deadline as for any other read: a hung network mount must not hang the format.
+        return call_bounded(
+            lambda: read_local(path, real_base, max_bytes),
+            read_timeout_s(max_bytes),
+            f"reading {path}",
+        )
     except BadObject as bad:
         return bad
+    except TimeoutError as error:
+        raise ImageReadError(
+            f"{error}; it is not recorded as a bad image. Check the filesystem the folder is "
+            "on (a hung network mount?) and rerun"
+        ) from error
     except OSError as error:
         raise ImageReadError(
             f"cannot read {path} ({error}); fix its permissions or remove it, then rerun"
         ) from error
 
 
-def _retry_remote(fs: Any, path: str, uri: str, error: Any) -> bytes:
+def _retry_remote(fs: Any, path: str, uri: str, error: Any, max_bytes: int) -> bytes:
     shown = redact_url(uri)
     if isinstance(error, BaseException) and is_transient(error):
         try:
-            return retry_call(lambda: fs.cat_file(path), what=f"read {shown}")
+            return retry_call(
+                lambda: fs.cat_file(path, start=0, end=max_bytes + 1), what=f"read {shown}"
+            )
         except Exception as final:  # noqa: BLE001 - reported below with the key
             error = final
     raise ImageReadError(
