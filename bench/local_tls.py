@@ -25,8 +25,14 @@ from pathlib import Path
 
 import distributed
 
-from bench.common import Result, load_average, machine, median, print_results
-from bench.common import stop_cleanly_on_sigterm
+from bench.common import (
+    Result,
+    load_average,
+    machine,
+    median,
+    print_results,
+    stop_cleanly_on_sigterm,
+)
 from ddpflow.cluster.build import local_cluster
 
 WORKERS = 2
