@@ -17,6 +17,9 @@ DASK_WORKERS_ENV = "DDPFLOW_DASK_WORKERS"
 CLUSTER_ENV = "DDPFLOW_CLUSTER"
 CLUSTER_OPTIONS_ENV = "DDPFLOW_CLUSTER_OPTIONS"
 RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
+# TLS with per-run credentials for the clusters ddpflow starts on this machine (local, cuda):
+# on by default; "0" turns it off (ddpflow.cluster.local_tls says why it is on).
+LOCAL_TLS_ENV = "DDPFLOW_LOCAL_CLUSTER_TLS"
 HEAL_TIMEOUT_ENV = "DDPFLOW_HEAL_TIMEOUT_S"
 DEFAULT_HEAL_TIMEOUT_S = 120.0
 STORE_OUTAGE_ENV = "DDPFLOW_STORE_OUTAGE_S"
@@ -66,6 +69,8 @@ class Settings:
     store_outage_s: float = DEFAULT_STORE_OUTAGE_S
     # The cap on a tensor file read whole (max_load_bytes()).
     max_load_bytes: int = int(DEFAULT_MAX_LOAD_MB * 2**20)
+    # Whether the local and cuda clusters ddpflow starts use TLS (DDPFLOW_LOCAL_CLUSTER_TLS).
+    local_cluster_tls: bool = True
 
     @property
     def launch(self) -> LaunchSettings:
@@ -100,6 +105,7 @@ class Settings:
             ),
             store_outage_s=store_outage_s(env),
             max_load_bytes=max_load_bytes(env),
+            local_cluster_tls=_parse_switch(LOCAL_TLS_ENV, env.get(LOCAL_TLS_ENV), default=True),
         )
 
 
@@ -190,6 +196,19 @@ def _parse_seconds(name: str, raw: str | None, default: float) -> float:
         value = -1.0
     if not 0 < value < float("inf"):
         raise ConfigError(f"{name}={raw!r} is not a positive number of seconds; e.g. {default:g}")
+    return value
+
+
+_SWITCH = {"1": True, "true": True, "yes": True, "on": True}
+_SWITCH |= {"0": False, "false": False, "no": False, "off": False}
+
+
+def _parse_switch(name: str, raw: str | None, default: bool) -> bool:
+    if raw is None or raw.strip() == "":
+        return default
+    value = _SWITCH.get(raw.strip().lower())
+    if value is None:
+        raise ConfigError(f"{name}={raw!r} is not on or off; set it to 1 or 0")
     return value
 
 

@@ -20,6 +20,7 @@ import distributed
 from distributed.deploy import Cluster
 
 from ddpflow.cluster.extras import require_extra
+from ddpflow.cluster.local_tls import local_security
 from ddpflow.cluster.workers import (
     CPU_RESOURCE,
     GPU_RESOURCE,
@@ -56,12 +57,18 @@ def local_cluster(
     env: Mapping[str, str] | None = None,
     local_directory: str | None = None,
     quiet: bool = True,
+    tls: bool = True,
     **cluster_kwargs: Any,
 ) -> distributed.LocalCluster:
     """Worker processes with one thread each (one rank per worker), bound to 127.0.0.1.
 
+    With `tls` (the default) every scheduler, nanny and worker listener takes only peers with
+    this cluster's own temporary certificate, on tls:// (ddpflow.cluster.local_tls); connect
+    with `distributed.Client(cluster)`, which takes the credentials from the cluster object.
+    `tls=False` gives plain tcp://, which any local user can reach (DDPFLOW_LOCAL_CLUSTER_TLS).
     `cluster_kwargs` go to LocalCluster (e.g. threads_per_worker, resources).
     """
+    security = local_security(tls, cluster_kwargs)
     dask.config.set(WORKER_CONFIG)
     _fork_workers_from_a_preloaded_server()
     if quiet:
@@ -76,6 +83,7 @@ def local_cluster(
         "host": "127.0.0.1",
         "dashboard_address": LOOPBACK_DASHBOARD,
         "local_directory": local_directory,
+        **security,
         **cluster_kwargs,
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
@@ -92,18 +100,24 @@ def _fork_workers_from_a_preloaded_server() -> None:
 
 
 def build_cluster(
-    kind: str, options: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None
+    kind: str,
+    options: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    tls: bool = True,
 ) -> Cluster:
     """The cluster of `kind`, with DDPFLOW_CLUSTER_OPTIONS passed through to its class.
 
-    `env` is extra environment for the workers (e.g. PREFECT_API_URL).
+    `env` is extra environment for the workers (e.g. PREFECT_API_URL). `tls` applies to the
+    clusters started on this machine (local, cuda; DDPFLOW_LOCAL_CLUSTER_TLS); the batch
+    queue and Kubernetes kinds keep their own settings.
     """
     options = dict(options or {})
     env = dict(env or {})
     if kind == "local":
-        return local_cluster(options.pop("n_workers", DEFAULT_NUM_WORKERS), env=env, **options)
+        workers = options.pop("n_workers", DEFAULT_NUM_WORKERS)
+        return local_cluster(workers, env=env, tls=tls, **options)
     if kind == "cuda":
-        return cuda_cluster(options, env)
+        return cuda_cluster(options, env, tls=tls)
     if kind == "jobqueue":
         return jobqueue_cluster(options, env)
     if kind == "kubernetes":
@@ -117,9 +131,10 @@ def build_cluster(
     )
 
 
-def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
+def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str], tls: bool = True) -> Cluster:
     """dask-cuda: one worker per GPU, each with its CUDA_VISIBLE_DEVICES rotated so that
-    its own GPU is cuda:0; every worker declares the GPU resource the ranks ask for."""
+    its own GPU is cuda:0; every worker declares the GPU resource the ranks ask for.
+    With `tls`, the same per-run TLS as the local kind (LocalCUDACluster is a LocalCluster)."""
     dask_cuda = require_extra("cuda")
     import torch
 
@@ -129,12 +144,14 @@ def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
             "available in this process (torch.cuda.is_available() is False); use "
             f"{CLUSTER_ENV}=local on a machine without GPUs"
         )
+    security = local_security(tls, options)
     dask.config.set(WORKER_CONFIG)
     kwargs = {
         "threads_per_worker": 1,
         "host": "127.0.0.1",
         "dashboard_address": LOOPBACK_DASHBOARD,
         "resources": {GPU_RESOURCE: 1},
+        **security,
         **options,
     }
     # LocalCUDACluster replaces each worker's `env` with its CUDA_VISIBLE_DEVICES, so the

@@ -41,7 +41,7 @@ def test_local_kind_builds_workers_times_threads(tmp_path: Path) -> None:
 
 
 def test_address_kind_connects_to_a_running_scheduler(tmp_path: Path) -> None:
-    with local_cluster(1) as cluster:
+    with local_cluster(1, tls=False) as cluster:  # an existing tcp:// scheduler
         env = {"DDPFLOW_DASK_ADDRESS": cluster.scheduler_address}
         task_runner = runner.dask_task_runner(Settings.from_env(env, project_dir=tmp_path))
         with task_runner:
@@ -108,7 +108,7 @@ def test_dask_cuda_worker_joins_a_scheduler_with_one_gpu_worker_per_device() -> 
     # LocalCluster workers do.
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     with (
-        local_cluster(0) as cluster,
+        local_cluster(0, tls=False) as cluster,  # the `dask cuda worker` joins by address
         distributed.Client(cluster, set_as_default=False) as client,
     ):
         command = [str(dask), "cuda", "worker", cluster.scheduler_address]

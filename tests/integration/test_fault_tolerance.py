@@ -48,7 +48,9 @@ def cluster(tmp_path_factory) -> Iterator[dict]:
     server = start_prefect_server(free_port(), home, home)
     try:
         env = {"PREFECT_API_URL": server.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        with local_cluster(2, env=env) as lc, distributed.Client(lc) as client:
+        # tls=False: it stands in for an existing tcp:// scheduler (the `address` kind),
+        # which the flows, started as subprocesses, reach by its address alone.
+        with local_cluster(2, env=env, tls=False) as lc, distributed.Client(lc) as client:
             client.wait_for_workers(2, timeout=120)
             yield {
                 "client": client,
@@ -351,7 +353,7 @@ def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(cluster, 
     """A cluster of its own: one of its workers dies with its nanny (a lost host), so
     nothing replaces it; after the heal timeout the run resumes on one rank."""
     with (
-        local_cluster(2, env=cluster["worker_env"]) as lc,
+        local_cluster(2, env=cluster["worker_env"], tls=False) as lc,  # reached by address
         distributed.Client(lc) as client,
     ):
         client.wait_for_workers(2, timeout=120)

@@ -52,7 +52,8 @@ def scheduler(tmp_path_factory) -> Iterator[dict]:
     server = start_prefect_server(free_port(), home, home)
     try:
         env = {"PREFECT_API_URL": server.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        with local_cluster(0) as lc, distributed.Client(lc) as client:
+        # tls=False: a tcp:// scheduler that `dask worker` processes and flows reach by address.
+        with local_cluster(0, tls=False) as lc, distributed.Client(lc) as client:
             yield {
                 "client": client,
                 "address": lc.scheduler_address,

@@ -84,13 +84,13 @@ def test_local_kind_gets_a_per_run_local_cluster(tmp_path: Path) -> None:
     task_runner = runner.dask_task_runner(s)
     assert isinstance(task_runner, runner.PlacingDaskTaskRunner)
     assert task_runner.cluster_class is runner._local_cluster_for_flow
-    assert task_runner.cluster_kwargs == {"num_workers": 3}
+    assert task_runner.cluster_kwargs == {"num_workers": 3, "tls": True}
 
 
 def test_local_options_pass_through(tmp_path: Path) -> None:
     s = settings(tmp_path, **{CLUSTER_OPTIONS_ENV: '{"n_workers": 4, "threads_per_worker": 2}'})
     kwargs = runner.dask_task_runner(s).cluster_kwargs
-    assert kwargs == {"num_workers": 4, "threads_per_worker": 2}
+    assert kwargs == {"num_workers": 4, "tls": True, "threads_per_worker": 2}
 
 
 def test_a_flows_runner_reads_the_cluster_settings_when_the_run_starts(monkeypatch) -> None:
@@ -119,7 +119,8 @@ def test_other_kinds_build_their_cluster_in_the_flow_run(tmp_path: Path, kind: s
     s = settings(tmp_path, **{CLUSTER_ENV: kind, CLUSTER_OPTIONS_ENV: '{"n_workers": 2}'})
     task_runner = runner.dask_task_runner(s)
     assert task_runner.cluster_class is runner._cluster_for_flow
-    assert task_runner.cluster_kwargs == {"kind": kind, "options": {"n_workers": 2}}
+    tls = {"tls": True} if kind == "cuda" else {}  # only cuda starts its cluster here
+    assert task_runner.cluster_kwargs == {"kind": kind, "options": {"n_workers": 2}, **tls}
 
 
 # --- missing extras and the cuda kind --------------------------------------------------------

@@ -24,13 +24,13 @@ class _Cluster:
         self.closed = True
 
 
-def _started(cluster: object, workers: int = 2, url: str = URL) -> None:
+def _started(cluster: object, workers: int = 2, url: str = URL, tls: bool = True) -> None:
     future: concurrent.futures.Future = concurrent.futures.Future()
     if isinstance(cluster, BaseException):
         future.set_exception(cluster)
     else:
         future.set_result(cluster)
-    early_cluster._pending = (workers, url, future)
+    early_cluster._pending = (workers, url, tls, future)
 
 
 @pytest.fixture(autouse=True)
@@ -49,14 +49,19 @@ def test_the_cluster_the_flow_asks_for_is_adopted_once():
 
 
 @pytest.mark.parametrize(
-    ("workers", "url", "options"),
-    [(3, URL, {}), (2, "http://127.0.0.1:9999/api", {}), (2, URL, {"resources": {"GPU": 1}})],
-    ids=["other_worker_count", "other_api", "other_options"],
+    ("workers", "url", "options", "tls"),
+    [
+        (3, URL, {}, True),
+        (2, "http://127.0.0.1:9999/api", {}, True),
+        (2, URL, {"resources": {"GPU": 1}}, True),
+        (2, URL, {}, False),
+    ],
+    ids=["other_worker_count", "other_api", "other_options", "tls_turned_off"],
 )
-def test_another_cluster_asked_for_closes_the_early_one(workers, url, options):
+def test_another_cluster_asked_for_closes_the_early_one(workers, url, options, tls):
     cluster = _Cluster()
     _started(cluster)
-    assert early_cluster.adopt(workers, url, options) is None
+    assert early_cluster.adopt(workers, url, options, tls) is None
     assert cluster.closed
 
 
@@ -86,3 +91,19 @@ def test_only_the_default_local_cluster_starts_early(monkeypatch, env):
         monkeypatch.setenv(name, value)
     early_cluster.start_early(URL)
     assert early_cluster._pending is None
+
+
+def test_the_early_start_follows_the_tls_setting(monkeypatch):
+    """The early cluster is started with DDPFLOW_LOCAL_CLUSTER_TLS as the flow would read
+    it; `_start` is replaced so that no cluster starts in a unit test."""
+    started: list[tuple] = []
+    monkeypatch.setattr(early_cluster, "_start", lambda *args: started.append(args))
+    monkeypatch.setattr(early_cluster.atexit, "register", lambda fn: None)
+    for value, tls in (("", True), ("0", False)):
+        monkeypatch.setenv("DDPFLOW_LOCAL_CLUSTER_TLS", value)
+        early_cluster.start_early(URL)
+        pending = early_cluster._pending
+        assert pending is not None and pending[:3] == (2, URL, tls)
+        pending[3].result(timeout=10)
+        early_cluster._pending = None
+    assert started == [(2, URL, True), (2, URL, False)]

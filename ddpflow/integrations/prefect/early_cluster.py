@@ -11,6 +11,10 @@ Only the default local cluster is started early (no DDPFLOW_DASK_ADDRESS, no oth
 DDPFLOW_CLUSTER, no DDPFLOW_CLUSTER_OPTIONS). Whatever would make the flow build another
 cluster (other settings by the time it runs), or a start that failed, is dropped here and
 the flow builds its own as before, so an error is reported by the flow, not by this module.
+
+The hand-off is the cluster object itself, in this process: its TLS credentials
+(DDPFLOW_LOCAL_CLUSTER_TLS, on by default) stay in it, and the runner's client takes them
+from it, as from a cluster it built.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 10.0
 ADOPTED = "using the LocalCluster started beside the embedded API (ddpflow.integrations.prefect)"
 
-# (number of workers, the API URL its workers were given, the cluster being started)
-_pending: tuple[int, str, concurrent.futures.Future[distributed.LocalCluster]] | None = None
+# (number of workers, the API URL its workers were given, TLS on, the cluster being started)
+_pending: tuple[int, str, bool, concurrent.futures.Future[distributed.LocalCluster]] | None = None
 
 
 def start_early(api_url: str) -> None:
@@ -43,31 +47,32 @@ def start_early(api_url: str) -> None:
         return  # the flow reports it, naming the setting
     if settings.dask_address or settings.cluster_kind != "local" or settings.cluster_options:
         return
-    workers = settings.num_dask_workers
+    workers, tls = settings.num_dask_workers, settings.local_cluster_tls
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="ddpflow-early-cluster")
-    future = pool.submit(_start, workers, api_url)
+    future = pool.submit(_start, workers, api_url, tls)
     pool.shutdown(wait=False)
-    _pending = (workers, api_url, future)
+    _pending = (workers, api_url, tls, future)
     atexit.register(_close_unadopted)
 
 
-def _start(num_workers: int, api_url: str) -> distributed.LocalCluster:
+def _start(num_workers: int, api_url: str, tls: bool) -> distributed.LocalCluster:
     from ddpflow.cluster.build import local_cluster
 
-    return local_cluster(num_workers, env={"PREFECT_API_URL": api_url})
+    return local_cluster(num_workers, env={"PREFECT_API_URL": api_url}, tls=tls)
 
 
 def adopt(
-    num_workers: int, api_url: str | None, options: dict[str, Any]
+    num_workers: int, api_url: str | None, options: dict[str, Any], tls: bool = True
 ) -> distributed.LocalCluster | None:
-    """The early cluster if it is the one the flow asks for (same workers, same API, no
-    other options), else None (the flow builds its own; an early one is closed)."""
+    """The early cluster if it is the one the flow asks for (same workers, same API, same
+    TLS setting, no other options), else None (the flow builds its own; an early one is
+    closed)."""
     global _pending
     if _pending is None:
         return None
-    workers, early_url, future = _pending
+    workers, early_url, early_tls, future = _pending
     _pending = None
-    if (workers, early_url, options) != (num_workers, api_url, {}):
+    if (workers, early_url, early_tls, options) != (num_workers, api_url, tls, {}):
         _close(future)
         return None
     try:
@@ -82,7 +87,7 @@ def _close_unadopted() -> None:
     """At exit before `adopt` (a refused parameter, a failed pre-flight): close it."""
     global _pending
     if _pending is not None:
-        _close(_pending[2])
+        _close(_pending[3])
         _pending = None
 
 

@@ -131,13 +131,19 @@ def prefect_api_url() -> str | None:
     return server.api_url if server.running else None
 
 
-def _local_cluster_for_flow(num_workers: int, **options: Any) -> distributed.LocalCluster:
+def _local_cluster_for_flow(
+    num_workers: int, tls: bool = True, **options: Any
+) -> distributed.LocalCluster:
+    """The flow's LocalCluster: the early one if it matches, else a new one. Either way the
+    runner's client connects to the cluster object, so it takes the cluster's TLS
+    credentials (`cluster.security`) from it: they never pass through an address."""
     url = prefect_api_url()
-    early = early_cluster.adopt(num_workers, url, options)  # started with the embedded API
+    early = early_cluster.adopt(num_workers, url, options, tls)  # started with the embedded API
     if early is not None:
         get_logger("task_runner").info(early_cluster.ADOPTED)
         return early
-    return local_cluster(num_workers, env={"PREFECT_API_URL": url} if url else None, **options)
+    env = {"PREFECT_API_URL": url} if url else None
+    return local_cluster(num_workers, env=env, tls=tls, **options)
 
 
 def _worker_env(kind: str) -> dict[str, str]:
@@ -147,14 +153,14 @@ def _worker_env(kind: str) -> dict[str, str]:
     return {"PREFECT_API_URL": url} if url else {}
 
 
-def _cluster_for_flow(kind: str, options: dict[str, Any]) -> Cluster:
+def _cluster_for_flow(kind: str, options: dict[str, Any], tls: bool = True) -> Cluster:
     """Build the cluster, then wait (bounded) until the workers it asked for have joined:
     queued batch jobs and pending pods take a while, and pre-flight counts workers. A batch
     queue cluster then stays at that size: a job that ends is replaced."""
     options = dict(options)
     wait_s = float(options.pop("wait_for_workers_s", DEFAULT_WAIT_FOR_WORKERS_S))
     expected = options.get("n_workers")
-    cluster = build_cluster(kind, options, env=_worker_env(kind))
+    cluster = build_cluster(kind, options, env=_worker_env(kind), tls=tls)
     if expected:
         try:
             cluster.wait_for_workers(int(expected), timeout=wait_s)
@@ -202,10 +208,13 @@ def configure(runner: DaskTaskRunner, settings: Settings) -> None:
     elif settings.cluster_kind == "local":
         num_workers = options.pop("n_workers", settings.num_dask_workers)
         runner.cluster_class = _local_cluster_for_flow
-        runner.cluster_kwargs = {"num_workers": num_workers, **options}
+        tls = settings.local_cluster_tls
+        runner.cluster_kwargs = {"num_workers": num_workers, "tls": tls, **options}
     else:
         runner.cluster_class = _cluster_for_flow
         runner.cluster_kwargs = {"kind": settings.cluster_kind, "options": options}
+        if settings.cluster_kind == "cuda":  # the other kinds start nothing on this machine
+            runner.cluster_kwargs["tls"] = settings.local_cluster_tls
 
 
 class _Without(logging.Filter):
