@@ -39,6 +39,23 @@ class Progress:
     train_loss: float | None = None
     val_loss: float | None = None  # set once an epoch's validation is done
 
+    def __post_init__(self) -> None:
+        """Plain numbers, so the event always travels (Dask sends it as msgpack, which takes
+        no tensor or numpy scalar): a value that is no number fails here, at the sender's
+        call, naming the field, not later inside Dask."""
+        for name, kind in _NUMBERS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            try:
+                object.__setattr__(self, name, kind(value))
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"Progress({name}={value!r}): {name} must be a number or None"
+                ) from None
+        if self.line is not None and not isinstance(self.line, str):
+            raise TypeError(f"Progress(line={self.line!r}): line must be a str or None")
+
     @property
     def has_steps(self) -> bool:
         return self.step is not None and self.total_steps is not None
@@ -85,6 +102,14 @@ class Progress:
             return None
 
 
+_NUMBERS: dict[str, type] = {
+    "step": int,
+    "total_steps": int,
+    "epoch": int,
+    "epochs": int,
+    "train_loss": float,
+    "val_loss": float,
+}
 Subscriber = Callable[[Progress], None]
 
 

@@ -87,7 +87,6 @@ class FitProgress:
             total_steps=self.epochs * self.steps,
             epoch=epoch,
             epochs=self.epochs,
-            # Plain floats: Dask sends the event as msgpack.
-            train_loss=float(train_loss),
-            val_loss=None if val_loss is None else float(val_loss),
+            train_loss=train_loss,
+            val_loss=val_loss,
         )
