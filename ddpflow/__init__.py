@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         WorkersNotBack,
     )
     from ddpflow.distributed.failures import LaunchError
+    from ddpflow.distributed.progress import Progress
     from ddpflow.integrations.prefect.run_in_flow import run_in_flow
     from ddpflow.integrations.prefect.task_runner import dask_task_runner
     from ddpflow.training.context import Stateful, TrainContext
@@ -51,12 +52,14 @@ _EXPORTS = {
     "RepeatedFailure": "ddpflow.distributed.elastic",
     "WorkersNotBack": "ddpflow.distributed.elastic",
     "LaunchError": "ddpflow.distributed.failures",
+    "Progress": "ddpflow.distributed.progress",
 }
 __all__ = [
     "EpochStats",
     "FitHooks",
     "LaunchError",
     "LoadedCheckpoint",
+    "Progress",
     "RepeatedFailure",
     "Restart",
     "RestartsExhausted",

@@ -23,6 +23,7 @@ import distributed
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
 from ddpflow.distributed.launcher import cluster_workers
+from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking.run import (
@@ -56,7 +57,7 @@ def run(
     timeout_s: float = 120.0,
     on_progress: Callable[[str], None] | None = None,
     on_restart: Callable[[Restart], None] | None = None,
-    progress_topic: str | None = None,
+    on_event: Callable[[Progress], None] | None = None,
 ) -> R:
     """Run `train(ctx, *args)` on `world_size` Dask workers (default: all); rank 0's result.
 
@@ -68,15 +69,17 @@ def run(
         run_id: log into an existing run and leave its status alone. Neither: no tracking.
     timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
     on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
-    progress_topic: a Dask event topic on which ddpflow.fit posts rank 0's step progress
-        (ddpflow.training.progress.events.StepProgress as a dict); follow it with
-        client.subscribe_topic. run_in_flow uses it for the task's progress artifact.
+    on_event: gets every progress event (ddpflow.distributed.progress.Progress) of every
+        attempt, from the same channel as on_progress's lines: those lines, and
+        ddpflow.fit's step counts (every 2 s at most, and at each epoch's end). run_in_flow
+        shows them as the task's progress artifact.
     Raises ValueError/TypeError for bad input before any work, and a LaunchError
     (RestartsExhausted, RepeatedFailure, WorkersNotBack) when the group cannot finish.
     """
     check_inputs(client, train, args, world_size, max_restarts, keep_last, timeout_s)
     check_seed(seed)
     check_tracking(tracking_uri, experiment, run_id)
+    check_callbacks(on_progress=on_progress, on_event=on_event, on_restart=on_restart)
     owned = experiment is not None and run_id is None
     ref = None
     if owned:
@@ -87,7 +90,7 @@ def run(
     elif run_id is not None:
         ref = RunRef(tracking_uri, run_id)
     run_id = ref.run_id if ref else None
-    settings = TrainSettings(checkpoint_dir, keep_last, seed, run_id, progress_topic)
+    settings = TrainSettings(checkpoint_dir, keep_last, seed, run_id)
 
     def restarted(restart: Restart) -> None:
         if ref is not None:
@@ -107,12 +110,20 @@ def run(
             timeout_s=timeout_s,
             max_restarts=max_restarts,
             on_restart=restarted,
-            on_progress=on_progress,
+            subscribers=subscribers(on_progress, on_event),
         )
     result, unsent = outcomes[0]
     if owned:
         end_run(ref, unsent=unsent)  # a run that lacks logging calls is tagged so
     return result
+
+
+def subscribers(
+    on_progress: Callable[[str], None] | None, on_event: Callable[[Progress], None] | None
+) -> list[Subscriber]:
+    """The subscribers of the launches' one progress channel: the lines, then the events."""
+    found = [line_subscriber(on_progress)] if on_progress is not None else []
+    return found + ([on_event] if on_event is not None else [])
 
 
 def rank_entry(
@@ -205,6 +216,15 @@ def check_train(train: Any, args: tuple) -> None:
             f"train or its args cannot be sent to the Dask workers ({error}): define train "
             "at module level and pass picklable arguments (no open files, locks or clients)"
         ) from None
+
+
+def check_callbacks(**callbacks: Any) -> None:
+    for name, value in callbacks.items():
+        if value is not None and not callable(value):
+            raise TypeError(
+                f"{name} must be a function (or None), got {type(value).__name__}: pass e.g. "
+                f"{name}=print"
+            )
 
 
 def check_tracking(tracking_uri: str | None, experiment: str | None, run_id: str | None) -> None:

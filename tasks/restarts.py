@@ -12,8 +12,9 @@ from prefect.artifacts import create_markdown_artifact
 from ddpflow.api import rank_entry
 from ddpflow.config import LaunchSettings
 from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.progress import line_subscriber
 from ddpflow.integrations.prefect.flow_client import current_dask_client
-from ddpflow.integrations.prefect.progress_artifact import training_progress
+from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import log_restart
@@ -69,13 +70,14 @@ def train_ddp(
     Call it directly from the flow (not .submit): the launcher then runs in the flow
     process, and no task holds a worker thread while the ranks wait. Each restart is
     counted on the MLflow run, and all of them are listed in the Prefect artifact
-    `restarts_key`. The progress over all attempts is the progress artifact `progress_key`.
+    `restarts_key`. Rank 0's progress events reach this task's log (their lines) and the
+    progress artifact `progress_key` (their steps), one artifact over all attempts.
     Logging calls rank 0 could not get into MLflow (its `unsent`) are listed in the Prefect
     artifact `incomplete_key`.
     """
     run: RunRef = job.run
     client = current_dask_client()
-    with training_progress(client, run.run_id, workload.progress_key, "DDP training"):
+    with progress_artifact(workload.progress_key, "DDP training") as artifact:
         results, restarts = launch_with_restarts(
             client,
             rank_entry,
@@ -90,7 +92,8 @@ def train_ddp(
             on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
             heal_timeout_s=launch.heal_timeout_s,
             resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
-            on_progress=get_run_logger().info,  # rank 0's per-epoch lines, in this task's log
+            # Rank 0's per-epoch lines in this task's log, its steps in the artifact.
+            subscribers=(line_subscriber(get_run_logger().info), artifact.update),
         )
     if restarts:
         create_markdown_artifact(

@@ -9,8 +9,9 @@ from prefect import get_run_logger, task
 
 from ddpflow.api import rank_entry
 from ddpflow.distributed import launch
+from ddpflow.distributed.progress import line_subscriber
 from ddpflow.integrations.prefect.flow_client import current_dask_client
-from ddpflow.integrations.prefect.progress_artifact import training_progress
+from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 from ddpflow.training.result import TrainResult
 from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep import trial_rank
@@ -33,7 +34,7 @@ def train_trial(
     """
     client = current_dask_client()
     key = f"charlm-trial-{index}-progress"
-    with training_progress(client, job.run.run_id, key, f"trial {index}"):
+    with progress_artifact(key, f"trial {index}") as artifact:
         results = launch(
             client,
             rank_entry,
@@ -45,7 +46,8 @@ def train_trial(
             workers=workers,
             timeout_s=rank_timeout_s,
             resources=dict(rank_resources) if rank_resources else None,
-            on_progress=get_run_logger().info,  # in this trial task's log
+            # The lines in this trial task's log, the steps in its progress artifact.
+            subscribers=(line_subscriber(get_run_logger().info), artifact.update),
         )
     result, unsent = results[0]
     return replace(result, unsent=unsent)

@@ -18,6 +18,7 @@ from ddpflow.distributed import watchdog
 from ddpflow.distributed.binding import bound_gloo_options, register_bound_gloo
 from ddpflow.distributed.group_store import open_group_store, token_kept_out_of_errors
 from ddpflow.distributed.main_io import MainIO, rank0_io
+from ddpflow.distributed.progress import Progress, progress_topic, send_progress
 
 if TYPE_CHECKING:
     import torch
@@ -49,7 +50,8 @@ class RankContext:
     world_size: int
     device: torch.device
     backend: str
-    # The Dask event topic the launcher follows for this group (None: nobody listens).
+    # The one Dask event topic the launcher follows for this group's progress (None: nobody
+    # listens).
     progress_topic: str | None = None
     launch_id: str | None = None  # None: no launcher watches this rank's progress
     # The group's store, through which the others wait for rank 0's IO (None: a plain
@@ -77,18 +79,12 @@ class RankContext:
     def report(self, message: str) -> None:
         """A progress line for whoever launched the group (the flow's log), sent as a Dask
         event; it never blocks or fails the rank."""
-        if self.progress_topic is None:
-            return
-        try:
-            import distributed
+        self.send(Progress(line=message))
 
-            distributed.get_worker().log_event(self.progress_topic, message)
-        except (ValueError, RuntimeError):  # not in a Dask worker: nobody to tell
-            pass
-
-
-def progress_topic(launch_id: str) -> str:
-    return f"ddpflow-progress-{launch_id}"
+    def send(self, progress: Progress) -> None:
+        """A progress event (a line, step counts or both) for the launcher's subscribers, on
+        the group's one progress topic; it never blocks or fails the rank."""
+        send_progress(self.progress_topic, progress)
 
 
 @contextmanager

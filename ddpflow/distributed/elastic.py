@@ -24,7 +24,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -32,6 +32,7 @@ import distributed
 
 from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
+from ddpflow.distributed.progress import Subscriber
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
@@ -90,13 +91,15 @@ def launch_with_restarts(
     heal_timeout_s: float = 120.0,
     on_restart: Callable[[Restart], None] | None = None,
     resources: Mapping[str, float] | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    subscribers: Sequence[Subscriber] = (),
 ) -> tuple[list[R], list[Restart]]:
     """launch() with healing and relaunch on failure; returns the results and the restarts.
 
     `min_workers` (default: the world size) lets a relaunch continue with fewer ranks when
     workers do not come back: each rank still takes `batch_size` samples per step, so the
     global batch shrinks with the world size while the learning rate stays as configured.
+    `subscribers` are handed to every attempt's launch: one that spans the attempts (a
+    progress artifact) sees the whole training.
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
@@ -113,7 +116,7 @@ def launch_with_restarts(
                 world_size=size,
                 timeout_s=timeout_s,
                 resources=resources,
-                on_progress=on_progress,
+                subscribers=subscribers,
             )
             return results, restarts
         except LaunchError as error:

@@ -22,7 +22,6 @@ from ddpflow.distributed.context import (
     cuda_available,
     find_free_port,
     process_group,
-    progress_topic,
 )
 from ddpflow.distributed.failures import LaunchError, RankFailure, describe
 from ddpflow.distributed.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
@@ -32,7 +31,7 @@ from ddpflow.distributed.planning import (
     plan_ranks,
     workers_with_resources,
 )
-from ddpflow.distributed.progress import follow_progress
+from ddpflow.distributed.progress import Subscriber, follow_progress, progress_topic
 from ddpflow.distributed.reservation import reserve_workers
 from ddpflow.distributed.stale import release_stuck_ranks
 from ddpflow.distributed.supervision import (
@@ -66,7 +65,7 @@ def launch(
     workers: Sequence[str] | None = None,
     reserve_wait_s: float = 3600.0,
     resources: Mapping[str, float] | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    subscribers: Sequence[Subscriber] = (),
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
@@ -78,8 +77,10 @@ def launch(
     launch waits up to `reserve_wait_s` (it never starts ranks that would queue).
     `resources` (e.g. {"GPU": 1}) limits the candidates to workers that declare them, and
     each rank's task asks the scheduler for them too.
-    `on_progress` gets each line a rank sends with `ctx.report()`, in order, in this process
-    (e.g. the flow's run logger): training is otherwise silent in the flow's log.
+    `subscribers` each get every Progress event the ranks send (`ctx.report()` lines,
+    ddpflow.fit's step counts), in order, in this process: the group's one progress topic
+    is followed once and fanned out (ddpflow.distributed.progress). Training is otherwise
+    silent in the flow's log.
     """
     # Once per cluster: a worker sent SIGTERM, retired or closed by its nanny makes its group
     # checkpoint at the next control step before it goes.
@@ -96,7 +97,7 @@ def launch(
     size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
     with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
         plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
-        return _run_group(client, fn, args, plan, timeout_s, resources, on_progress)
+        return _run_group(client, fn, args, plan, timeout_s, resources, subscribers)
 
 
 def _run_group(
@@ -106,7 +107,7 @@ def _run_group(
     plan: list[RankAssignment],
     timeout_s: float,
     resources: Mapping[str, float] | None = None,
-    on_progress: Callable[[str], None] | None = None,
+    subscribers: Sequence[Subscriber] = (),
 ) -> list[R]:
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(_ask_all(client, plan, cuda_available))
@@ -150,7 +151,7 @@ def _run_group(
     finished = False
     watch = StepWatch(client, plan, launch_id, timeout_s)
     try:
-        with follow_progress(client, progress_topic(launch_id), on_progress):
+        with follow_progress(client, progress_topic(launch_id), subscribers):
             wait_for_start(client, plan, futures, launch_id, timeout_s)
             wait_all_or_first_failure(client, plan, futures, watch)
         results = [f.result() for f in futures]

@@ -26,6 +26,7 @@ from ddpflow.checkpoint.store import (
     write_checkpoint,
 )
 from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.progress import Progress
 from ddpflow.tracking.loggers import MetricLogger, NullLogger, flush_logger
 from ddpflow.training.batching import epoch_batches
 from ddpflow.training.settings import TrainSettings
@@ -88,15 +89,17 @@ class TrainContext:
         """This rank's process id: to watch, profile or signal the rank."""
         return os.getpid()
 
-    @property
-    def progress_topic(self) -> str | None:
-        """Where ddpflow.fit posts rank 0's step progress (ddpflow.run's progress_topic)."""
-        return self._settings.progress_topic
-
     def report(self, message: str) -> None:
         """A progress line for whoever called ddpflow.run() (its `on_progress`, the Prefect
         log). Every rank may send; send from rank 0 to get each line once."""
         self._rank_ctx.report(message)
+
+    def send_progress(self, progress: Progress) -> None:
+        """A progress event for ddpflow.run()'s subscribers: a line (`on_progress` gets it),
+        step counts (`on_event` gets them; run_in_flow shows them as its progress artifact),
+        or both. ddpflow.fit sends its own; a loop of yours may send step counts the same
+        way. It goes on the same channel as report() and never blocks or fails the rank."""
+        self._rank_ctx.send(progress)
 
     def heartbeat(self, step: int | None = None) -> None:
         """Say this rank is alive. save_checkpoint() beats by itself; call it at least once

@@ -2,8 +2,9 @@
 
 What it adds to a hand-written loop over ctx.batches(): exact resume from inside an epoch
 (checkpoints every N steps or every S seconds, and at every SIGTERM or retire_workers), torch's
-RNG reseeded per step, windowed step metrics and per-epoch metrics in MLflow, progress lines
-and the Prefect progress artifact. Both built-in workloads train through it.
+RNG reseeded per step, windowed step metrics and per-epoch metrics in MLflow, and progress
+events (log lines and step counts, for the flow's log and the Prefect progress artifact).
+Both built-in workloads train through it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,6 @@ def fit(
         start_epoch=start_epoch,
         log_every_steps=log_every_steps,
         eval_batch_size=eval_batch_size,
-        progress_topic=ctx.progress_topic,
         checkpoints=CheckpointSchedule(checkpoint_every_steps, checkpoint_every_s, log_every_steps),
         resume_at=position,
     )

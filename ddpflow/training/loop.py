@@ -31,11 +31,11 @@ from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.graceful_stop import StopRequested
 from ddpflow.tracking.loggers import MetricLogger, flush_logger
 from ddpflow.training.batching import epoch_batches
-from ddpflow.training.progress.events import StepReporter, StepWindow
-from ddpflow.training.progress.reporter import FitProgress
+from ddpflow.training.progress import FitProgress
 from ddpflow.training.result import EpochStats
 from ddpflow.training.samples import Samples
 from ddpflow.training.speed.device import TrainSpeed
+from ddpflow.training.step_window import StepWindow
 from ddpflow.training.validation import Loss, all_reduce_sum, evaluate_loss, forward
 
 Evaluate = Callable[[nn.Module], Mapping[str, float]]
@@ -52,9 +52,6 @@ class FitPlan:
     start_epoch: int = 0
     log_every_steps: int = 20
     eval_batch_size: int = 8192
-    # Dask event topic for rank 0's step progress (ddpflow.training.progress.events); None:
-    # not sent.
-    progress_topic: str | None = None
     checkpoints: CheckpointSchedule = field(default_factory=CheckpointSchedule)
     resume_at: EpochPosition | None = None  # from a checkpoint inside epoch start_epoch
 
@@ -107,7 +104,7 @@ def fit(
     hooks = hooks or FitHooks()
     history = [] if history is None else history
     steps_per_epoch = len(_batches(len(train), plan, ctx, 0))
-    progress = FitProgress(ctx, plan.epochs, steps_per_epoch, StepReporter(plan.progress_topic))
+    progress = FitProgress(ctx, plan.epochs, steps_per_epoch)
     position = plan.resume_at
     if position is not None and position.epoch != plan.start_epoch:
         raise ValueError(f"resume_at is inside epoch {position.epoch}, not {plan.start_epoch}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ddpflow.training.batching import MAX_SEED
-from ddpflow.training.progress.events import progress_topic
 
 
 @dataclass(frozen=True)
@@ -21,8 +20,6 @@ class TrainSettings:
     keep_last: int = 3
     seed: int = 0
     run_id: str | None = None
-    # The Dask event topic ddpflow.fit posts rank 0's step progress on (None: not posted).
-    progress_topic: str | None = None
     # Where rank 0's logging calls wait during an MLflow outage: beside this checkpoint
     # folder (ddpflow.tracking.run.spool_folder); None: a temporary folder.
     spool_beside: str | None = None
@@ -31,14 +28,13 @@ class TrainSettings:
 def workload_settings(
     checkpoint_root: str, keep_last: int, seed: int, run_id: str
 ) -> TrainSettings:
-    """A built-in workload's settings: its MLflow run's progress topic (the flow's progress
-    artifact follows it), and the waiting logging calls beside the run's checkpoints."""
+    """A built-in workload's settings: the waiting logging calls beside the run's
+    checkpoints."""
     return TrainSettings(
         checkpoint_dir=checkpoint_root,
         keep_last=keep_last,
         seed=seed,
         run_id=run_id,
-        progress_topic=progress_topic(run_id),
         spool_beside=checkpoint_root,
     )
 

@@ -23,16 +23,24 @@ KILL_AFTER_CHECKPOINT = 2
 class _ReportsPidAfterCheckpoint:
     """A TrainContext that, on rank 1 right after checkpoint KILL_AFTER_CHECKPOINT, reports
     "pid N" and waits to be killed. The wait makes the kill land mid-run on a training
-    whose epochs take a fraction of a second; the test's on_progress sends the SIGKILL."""
+    whose epochs take a fraction of a second; the test's on_progress sends the SIGKILL.
+    Rank 0 also sends each checkpoint's epoch as step counts (ctx.send_progress), as a loop
+    of one's own may, for run_in_flow's progress artifact."""
 
-    def __init__(self, ctx: ddpflow.TrainContext):
-        self._ctx = ctx
+    def __init__(self, ctx: ddpflow.TrainContext, epochs: int):
+        self._ctx, self._epochs = ctx, epochs
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
 
     def save_checkpoint(self, step: int, **objects: Any) -> None:
         self._ctx.save_checkpoint(step, **objects)
+        if self._ctx.is_main:
+            self._ctx.send_progress(
+                ddpflow.Progress(
+                    step=step, total_steps=self._epochs, epoch=step, epochs=self._epochs
+                )
+            )
         if self._ctx.rank == 1 and step == KILL_AFTER_CHECKPOINT:
             self._ctx.report(f"pid {os.getpid()}")
             # Heartbeats keep the group's watchdog quiet while the kill is on its way; a
@@ -58,7 +66,7 @@ class KillReportedPid:
 
 def digits_killed_after_checkpoint(ctx: ddpflow.TrainContext, epochs: int) -> float:
     """The example's training, with rank 1 offered up for a SIGKILL after checkpoint 2."""
-    return digits.train(_ReportsPidAfterCheckpoint(ctx), epochs)
+    return digits.train(_ReportsPidAfterCheckpoint(ctx, epochs), epochs)
 
 
 def resumes_model_only(ctx: ddpflow.TrainContext) -> int:

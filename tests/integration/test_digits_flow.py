@@ -37,3 +37,8 @@ def test_the_digits_flow_trains_on_the_flows_cluster(tmp_path):
     ]
     assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
     assert "DDP training: done, epoch 20/20" in progress["description"], progress
+    # Both come from one stream of progress events: the artifact's last losses are those of
+    # the last epoch's log line, which was the same event.
+    losses = r"train loss (\d+\.\d+), val loss (\d+\.\d+)"
+    logged = re.findall(r"epoch 20/20 done: " + losses, output)
+    assert logged and re.findall(losses, progress["description"]) == logged[-1:], progress

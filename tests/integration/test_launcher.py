@@ -17,6 +17,8 @@ import torch.distributed as dist
 from ddpflow.api import rank_entry
 from ddpflow.distributed import LaunchError, RankContext, launch
 from ddpflow.distributed.elastic import RepeatedFailure, launch_with_restarts
+from ddpflow.distributed.progress import Progress, line_subscriber
+from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact
 from ddpflow.tracking.run import metric_history, start_run
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
@@ -97,7 +99,8 @@ def _report_three_times(ctx: RankContext) -> int:
 
 def test_rank_reports_reach_the_launching_process_in_order(dask_client):
     lines: list[str] = []
-    launch(dask_client, _report_three_times, world_size=2, timeout_s=30, on_progress=lines.append)
+    subscribers = [line_subscriber(lines.append)]
+    launch(dask_client, _report_three_times, world_size=2, timeout_s=30, subscribers=subscribers)
     assert [line for line in lines if line.startswith("progress")] == [
         "progress 0",
         "progress 1",
@@ -108,6 +111,53 @@ def test_rank_reports_reach_the_launching_process_in_order(dask_client):
     hosts = [line.split(": ", 1) for line in lines if line.startswith("rank ")]
     assert sorted(rank for rank, _ in hosts) == ["rank 0 of 2", "rank 1 of 2"], lines
     assert {where for _, where in hosts} == {f"worker {a}, pid {p}" for a, p in pids.items()}
+
+
+def _report_and_step(ctx: RankContext) -> int:
+    """Rank 0 sends what fit() sends: a line, step counts alone, and both in one event."""
+    if ctx.is_main:
+        ctx.report("resuming")
+        for step in (1, 2, 3):
+            line = f"epoch 1/1 done at step {step}" if step == 3 else None
+            ctx.send(Progress(line, step, 3, 1, 1, train_loss=1.0 / step))
+    dist.barrier()
+    return ctx.rank
+
+
+# docs/api.md "ddpflow.run" (on_progress, on_event): one event stream, on one Dask topic,
+# followed once by the launcher, feeds both the log lines and the progress artifact.
+def test_log_lines_and_the_progress_artifact_see_the_same_events_from_one_topic(dask_client):
+    topics_before = set(dask_client.get_events())
+    lines: list[str] = []
+    events: list[Progress] = []
+    # The artifact's own subscriber; not started: no Prefect server here, and what it keeps
+    # (`latest`) is what its updater thread would push.
+    artifact = ProgressArtifact("progress-key", "test")
+    subscribers = [line_subscriber(lines.append), artifact.update, events.append]
+    launch(dask_client, _report_and_step, world_size=2, timeout_s=30, subscribers=subscribers)
+    # The lines are exactly those of the events the other subscribers saw, in order: rank
+    # 0's in the order sent, each rank's start line among them (the ranks run side by side).
+    assert lines == [event.line for event in events if event.line is not None]
+    starts = [line for line in lines if line.startswith("rank ")]
+    assert [line for line in lines if line not in starts] == [
+        "resuming",
+        "epoch 1/1 done at step 3",
+    ], lines
+    assert sorted(line.split(":")[0] for line in starts) == ["rank 0 of 2", "rank 1 of 2"]
+    assert [event.step for event in events if event.has_steps] == [1, 2, 3]
+    assert artifact.latest == events[-1]
+    assert artifact.latest.describe() == "epoch 1/1, step 3/3 (100 %), train loss 0.3333"
+    # Everything went on one topic, this launch's: no other topic carries a progress event.
+    carrying = {
+        topic
+        for topic, sent in dask_client.get_events().items()
+        if topic not in topics_before
+        and any(isinstance(m, dict) and {"line", "step"} & m.keys() for _, m in sent)
+    }
+    assert len(carrying) == 1, carrying
+    (topic,) = carrying
+    assert topic.startswith("ddpflow-progress-")
+    assert len(dask_client.get_events(topic)) == len(events)
 
 
 def _drops_a_rank_failure_record() -> bool:

@@ -40,6 +40,7 @@ def reference(dask_client, tmp_path_factory) -> dict:
     """An uninterrupted, tracked run of the example: what the other tests compare with."""
     folder = tmp_path_factory.mktemp("digits-reference")
     lines: list[str] = []
+    events: list[ddpflow.Progress] = []
     accuracy = digits.run_digits(
         dask_client,
         str(folder / "checkpoints"),
@@ -47,8 +48,9 @@ def reference(dask_client, tmp_path_factory) -> dict:
         tracking_uri=tracking(folder),
         experiment="digits",
         on_progress=lines.append,
+        on_event=events.append,
     )
-    return {"accuracy": accuracy, "folder": folder, "lines": lines}
+    return {"accuracy": accuracy, "folder": folder, "lines": lines, "events": events}
 
 
 def the_run(folder: Path, experiment: str):
@@ -77,6 +79,9 @@ def test_the_digits_example_trains_and_is_tracked(reference):
     found = map(re.compile(r"epoch (\d+)/").match, reference["lines"])
     epochs = [int(m.group(1)) for m in found if m]
     assert epochs == list(range(1, EPOCHS + 1)), reference["lines"]
+    # on_event gets the same stream, lines included: one channel feeds both.
+    events = reference["events"]
+    assert reference["lines"] == [e.line for e in events if e.line is not None]
 
 
 # docs/api.md "TrainContext": each rank knows the Dask worker it runs in and its process id.

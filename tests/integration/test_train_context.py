@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 import ddpflow
-from ddpflow.api import check_tracking, check_train
+from ddpflow.api import check_callbacks, check_tracking, check_train
 from ddpflow.distributed.context import RankContext
 from ddpflow.training.context import TrainContext
 from ddpflow.training.settings import TrainSettings, check_seed
@@ -151,6 +151,14 @@ def test_tracking_options_must_make_sense():
         assert "hunter2" not in str(error), "the password never reaches a message"
     with pytest.raises(ValueError, match="seed=-1 must be an int"):
         check_seed(-1)
+
+
+def test_progress_callbacks_must_be_functions():
+    """docs/api.md "Progress is one channel": a callback that is not a function fails at
+    once, naming it, instead of failing every event quietly on the Dask client's loop."""
+    with pytest.raises(TypeError, match="on_event must be a function .* got list"):
+        check_callbacks(on_progress=print, on_event=[], on_restart=None)
+    check_callbacks(on_progress=print, on_event=print.__call__, on_restart=None)
 
 
 def never_called(ctx) -> None:

@@ -7,6 +7,7 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow.distributed.progress import Progress
 from ddpflow.tracking.inspection import (
     RunOrigin,
     content_sha256,
@@ -18,7 +19,6 @@ from ddpflow.tracking.inspection import (
 )
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import start_run
-from ddpflow.training.progress.events import StepProgress
 
 SECRET = "s3cr3t-pw"
 
@@ -102,10 +102,14 @@ def test_the_decision_is_written_on_both_versions(store):
 
 
 def test_step_progress_percent_and_text():
-    progress = StepProgress(step=30, total_steps=120, epoch=1, epochs=4, train_loss=2.5)
+    progress = Progress(step=30, total_steps=120, epoch=1, epochs=4, train_loss=2.5)
     assert progress.percent == 25.0
     assert progress.describe() == "epoch 1/4, step 30/120 (25 %), train loss 2.5000"
-    assert StepProgress.from_event(progress.to_event()) == progress
+    assert Progress.from_event(progress.to_event()) == progress
     # As Dask delivers it: with the sending worker's address added.
-    assert StepProgress.from_event({**progress.to_event(), "worker": "tcp://w:1"}) == progress
-    assert StepProgress.from_event("a log line") is None
+    assert Progress.from_event({**progress.to_event(), "worker": "tcp://w:1"}) == progress
+    assert Progress.from_event("not a progress event") is None
+    # A line alone (ctx.report) travels as the same event type, without step counts.
+    line = Progress(line="rank 0 of 2: worker tcp://w:1, pid 7")
+    assert Progress.from_event(line.to_event()) == line
+    assert not line.has_steps and line.percent == 0.0 and line.describe() == ""

@@ -1,11 +1,15 @@
 """A training's progress in Prefect: a progress artifact that follows rank 0's steps.
 
-The artifact is created at 0 % when the training task starts (so it belongs to that task
-run and its flow run), updated with rank 0's `StepProgress` events (percent of all steps,
-latest losses in its description) and set to 100 % when the training returned. Dask hands
-the events over on its client's event loop, where a blocking Prefect call must not run, so
-the updates go through a thread of their own, newest first and at most one every
-`min_interval_s`. Prefect being slow or down never slows or fails the training.
+The artifact is a subscriber of the launches' one progress channel
+(ddpflow.distributed.progress), beside the log-line callback: it takes the step counts of
+the Progress events ddpflow.fit sends (percent of all steps, latest losses in its
+description) and ignores the lines without them. It is created at 0 % when the training
+task starts (so it belongs to that task run and its flow run), handed to every launch of
+the training, restarts included, so one artifact shows the whole training, and set to
+100 % when the training returned. The launcher delivers events on its Dask client's event
+loop, where a blocking Prefect call must not run, so the updates go through a thread of
+their own, newest first and at most one every `min_interval_s`. Prefect being slow or down
+never slows or fails the training.
 """
 
 from __future__ import annotations
@@ -15,14 +19,12 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 from uuid import UUID
 
-import distributed
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 
+from ddpflow.distributed.progress import Progress
 from ddpflow.storage.redact import redact_text
-from ddpflow.training.progress.events import StepProgress, progress_topic
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 15.0
@@ -36,8 +38,8 @@ class ProgressArtifact:
     def __init__(self, key: str, title: str, min_interval_s: float = 5.0):
         self.key, self.title, self.min_interval_s = key, title, min_interval_s
         self.artifact_id: UUID | None = None
-        self.latest: StepProgress | None = None
-        self._pending: StepProgress | None = None
+        self.latest: Progress | None = None
+        self._pending: Progress | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -58,13 +60,13 @@ class ProgressArtifact:
         )
         self._thread.start()
 
-    def on_event(self, event: tuple[float, Any]) -> None:
-        """A Dask topic handler: keep the newest progress, wake the updater."""
-        progress = StepProgress.from_event(event[1])
-        if progress is None:
+    def update(self, progress: Progress) -> None:
+        """A progress subscriber: keep the newest step counts, wake the updater. A restart
+        resumes at its checkpoint's step: the artifact stays put until it is passed."""
+        if not progress.has_steps:
             return
         with self._lock:
-            if self.latest is None or progress.step >= self.latest.step:
+            if self.latest is None or progress.steps_done >= self.latest.steps_done:
                 self.latest = self._pending = progress
         self._wake.set()
 
@@ -103,26 +105,14 @@ class ProgressArtifact:
 
 
 @contextmanager
-def training_progress(
-    client: distributed.Client, run_id: str, key: str, title: str
-) -> Iterator[ProgressArtifact]:
-    """Show the training of MLflow run `run_id` as the progress artifact `key` meanwhile."""
-    with topic_progress(client, progress_topic(run_id), key, title) as artifact:
-        yield artifact
-
-
-@contextmanager
-def topic_progress(
-    client: distributed.Client, topic: str, key: str, title: str
-) -> Iterator[ProgressArtifact]:
-    """The progress artifact `key`, following the StepProgress events posted on `topic`."""
+def progress_artifact(key: str, title: str) -> Iterator[ProgressArtifact]:
+    """The progress artifact `key` meanwhile: pass its `update` to the launches as a
+    progress subscriber. It ends at 100 % if the block returns, else marked as failed."""
     artifact = ProgressArtifact(key, title)
     artifact.start()
-    client.subscribe_topic(topic, artifact.on_event)
     succeeded = False
     try:
         yield artifact
         succeeded = True
     finally:
-        client.unsubscribe_topic(topic)
         artifact.finish(succeeded)

@@ -4,12 +4,12 @@ It does what the built-in flows' `train-ddp` tasks do around a training: takes t
 Dask client (the flow must run on a prefect_dask DaskTaskRunner, e.g. the one
 ddpflow.integrations.prefect.task_runner.dask_task_runner builds), sends each ctx.report()
 line to the task's Prefect log, logs each restart as a warning, and shows the steps of a
-training on ddpflow.fit as the task's progress artifact.
+training on ddpflow.fit as the task's progress artifact. The lines and the steps are one
+stream of progress events (ddpflow.distributed.progress) that both follow.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -19,8 +19,9 @@ from prefect.context import FlowRunContext
 
 from ddpflow.api import run
 from ddpflow.distributed.elastic import Restart
+from ddpflow.distributed.progress import Progress
 from ddpflow.integrations.prefect.flow_client import current_dask_client
-from ddpflow.integrations.prefect.progress_artifact import topic_progress
+from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 
 R = TypeVar("R")
 PROGRESS_KEY = "ddp-train-progress"
@@ -35,6 +36,7 @@ def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> 
     client = current_dask_client()
     on_progress = options.pop("on_progress", None)
     on_restart = options.pop("on_restart", None)
+    on_event = options.pop("on_event", None)
 
     def progress(line: str) -> None:
         logger.info(line)
@@ -51,16 +53,21 @@ def ddp_train(train: Callable[..., R], args: tuple, options: dict[str, Any]) -> 
         if on_restart is not None:
             on_restart(restart)
 
-    # A training on ddpflow.fit posts its steps here: the task's progress artifact.
-    topic = options.pop("progress_topic", None) or f"ddpflow-progress-{uuid.uuid4().hex}"
-    with topic_progress(client, topic, PROGRESS_KEY, "DDP training"):
+    # The step counts of a training on ddpflow.fit: the task's progress artifact.
+    with progress_artifact(PROGRESS_KEY, "DDP training") as artifact:
+
+        def event(progress: Progress) -> None:
+            artifact.update(progress)
+            if on_event is not None:
+                on_event(progress)
+
         return run(
             client,
             train,
             *args,
             on_progress=progress,
             on_restart=restarted,
-            progress_topic=topic,
+            on_event=event,
             **options,
         )
 

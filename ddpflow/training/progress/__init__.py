@@ -1,1 +1,0 @@
-"""Where a training stands, from rank 0 to the flow process."""
