@@ -39,7 +39,7 @@ _EXPORTS = {
     "LoadedCheckpoint": "ddpflow.checkpoint.reading",
     "fit": "ddpflow.training.fit",
     "FitHooks": "ddpflow.training.loop",
-    "EpochStats": "ddpflow.training.loop",
+    "EpochStats": "ddpflow.training.result",
     "Samples": "ddpflow.training.samples",
     "TensorSamples": "ddpflow.training.samples",
     "TensorPairs": "ddpflow.training.samples",
