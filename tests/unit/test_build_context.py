@@ -49,6 +49,20 @@ LOCAL_JUNK = (
 )
 
 
+# Not copied into the test's checkout (LOCAL_JUNK plants each kind again).
+COPY_SKIPS = (
+    ".git",
+    "__pycache__",
+    ".venv",
+    "artifacts",
+    "mlartifacts",
+    "mlruns",
+    ".pytest_cache",
+    "dask-scratch-space",
+    "dask-worker-space",
+)
+
+
 def _dockerignore_patterns(root: Path) -> list[str]:
     """The .dockerignore lines as docker.api.build reads them."""
     lines = (line.strip() for line in (root / ".dockerignore").read_text().splitlines())
@@ -74,7 +88,10 @@ def _copied_sources() -> list[str]:
 def checkout(tmp_path: Path) -> Path:
     """A copy of the repository with a user's credentials and local outputs planted in it."""
     root = tmp_path / "repo"
-    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    # The checkout's own local outputs stay behind: .venv alone is 13 GB (torch's CUDA
+    # wheels), which filled the disk when each test copied it. The same kinds of paths are
+    # planted below, small, so their exclusion is still checked.
+    shutil.copytree(REPO, root, ignore=shutil.ignore_patterns(*COPY_SKIPS))
     for name in (*SECRETS, *LOCAL_JUNK):
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
