@@ -1,9 +1,9 @@
 """The local production-like stack: `python -m infra.stack up|down|status`.
 
 `up` starts moto (S3), an MLflow server, a Prefect server, a Dask scheduler with N workers and a
-Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Every server
-but moto wants credentials, made at `up` (see `infra.auth`). Tests use `start_stack` /
-`stop_stack` directly.
+Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Every
+server wants credentials, made at `up` (see `infra.auth`; moto's one user: `infra.s3_user`).
+Tests use `start_stack` / `stop_stack` directly.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from infra import services
+from infra import s3_user, services
 from infra.auth import StackSecrets
 from infra.procs import Service, ServiceError, members, pid_alive, port_is_free
 from infra.state import BUCKET, WORK_POOL, StackError, StackState, client_env, summary
@@ -73,16 +73,25 @@ def start_stack(stack_dir: Path, num_workers: int = 2, free_ports: bool = False)
     secrets = StackSecrets.create(state.secrets_dir)
     state.env.update(secrets.client_env())
     logs = state.log_dir
-    s3 = {k: v for k, v in state.env.items() if k.startswith("AWS_")}
-    # Everything that runs user code gets the full client env, so flow runs and ranks see it.
-    runtime_env = {
-        **state.env,
-        "PREFECT_HOME": str(stack_dir / "prefect"),
-        "PYTHONPATH": str(services.REPO),
-    }
     try:
-        _timed(state, lambda: services.start_moto(ports["moto"], logs))
-        services.create_bucket(s3["AWS_ENDPOINT_URL_S3"], BUCKET)
+        _timed(
+            state,
+            lambda: services.start_moto(
+                ports["moto"], logs, unauthenticated_actions=s3_user.BOOTSTRAP_ACTIONS
+            ),
+        )
+        state.env.update(
+            s3_user.create(
+                state.env["AWS_ENDPOINT_URL_S3"], BUCKET, state.env["AWS_DEFAULT_REGION"]
+            )
+        )
+        s3 = {k: v for k, v in state.env.items() if k.startswith("AWS_")}
+        # Everything that runs user code gets the full client env, so flow runs and ranks see it.
+        runtime_env = {
+            **state.env,
+            "PREFECT_HOME": str(stack_dir / "prefect"),
+            "PYTHONPATH": str(services.REPO),
+        }
         _timed(
             state,
             lambda: services.start_mlflow(

@@ -116,22 +116,21 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
         "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
         "DDPFLOW_DASK_ADDRESS": f"tls://127.0.0.1:{ports['dask']}",
         "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{ports['moto']}",
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
+        # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY: the stack's S3 user, made at `up`.
     }
 
 
 # Printed as a placeholder: a terminal's scroll-back or a CI log must not keep them.
-SECRET_KEYS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD")
+SECRET_KEYS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY")
 
 
 def env_block(env: dict[str, str], hide_secrets: bool = False) -> str:
     """`export` lines for a shell, with a note that the AWS keys are fake."""
     lines = [
         "# ddpflow local stack: source this file to point flows, tests and CLIs at it.",
-        "# The AWS keys are moto's fake keys (moto accepts any); they work on no real AWS account.",
-        "# The Prefect, MLflow and Dask credentials are the stack's own, new at every `up`.",
+        "# The AWS key is the stack's own moto user, limited to its bucket; it works on no real",
+        "# AWS account. It and the Prefect, MLflow and Dask credentials are new at every `up`.",
     ]
     for key, value in env.items():
         shown = "<in env.sh>" if hide_secrets and key in SECRET_KEYS else shlex.quote(value)

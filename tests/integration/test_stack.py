@@ -11,8 +11,10 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
+import botocore.exceptions
 import distributed
 import httpx
 import psutil
@@ -196,6 +198,41 @@ def test_every_server_refuses_clients_without_credentials(
     assert _dask_refuses(address.replace("tls://", "tcp://"), Security())
     assert _tls_handshake_refused(port, ca)
 
+    # S3: moto's first requests made the stack's one user (infra.s3_user); since then it
+    # takes no other key, and that key reaches the stack's bucket only.
+    endpoint = env["AWS_ENDPOINT_URL_S3"]
+    object_url = f"{endpoint}/{BUCKET}/artifacts/latest.json"
+    assert httpx.put(object_url, content=b"{}", trust_env=False).status_code == 403  # unsigned
+    for key_id, secret, refusal in [
+        ("testing", "testing", "InvalidAccessKeyId"),  # the keys moto used to take from anyone
+        (env["AWS_ACCESS_KEY_ID"], "guess", "SignatureDoesNotMatch"),
+    ]:
+        with pytest.raises(botocore.exceptions.ClientError, match=refusal):
+            _s3(env, key_id, secret).put_object(Bucket=BUCKET, Key="artifacts/x", Body=b"x")
+    own = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    own.put_object(Bucket=BUCKET, Key="artifacts/x", Body=b"x")  # the key works on its bucket
+    with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
+        own.create_bucket(Bucket="another-bucket")
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
+        iam.create_user(UserName="intruder")  # nor can it make a key with more rights
+
+
+def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:  # boto3 types clients at run time
+    return boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+
 
 def test_credential_files_are_private(stack_state: StackState) -> None:
     secrets = stack_state.secrets_dir
@@ -206,7 +243,7 @@ def test_credential_files_are_private(stack_state: StackState) -> None:
     assert set(modes.values()) == {"0o600"}, modes
     assert stat.S_IMODE(secrets.stat().st_mode) == 0o700  # also guards MLflow's user DB
     printed = stack.summary(stack_state)
-    for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD"):
+    for key in ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):
         assert stack_state.env[key] not in printed, f"{key} printed by `up`"
         assert stack_state.env[key] in stack_state.env_path.read_text()
 
