@@ -28,7 +28,9 @@ def mode(path: Path) -> int:
 
 
 def test_state_and_env_files_are_owner_only(tmp_path: Path, open_umask: None) -> None:
-    state = StackState(dir=tmp_path, ports=PORTS, env=client_env(PORTS))
+    # The S3 user's key, as `up` adds it once moto made it (infra.s3_user).
+    env = {**client_env(PORTS), "AWS_ACCESS_KEY_ID": "LKIA1", "AWS_SECRET_ACCESS_KEY": "s3cret"}
+    state = StackState(dir=tmp_path, ports=PORTS, env=env)
     for old in (state.state_path, state.env_path):  # a looser file from an older version
         old.write_text("old")
         old.chmod(0o644)
@@ -36,8 +38,8 @@ def test_state_and_env_files_are_owner_only(tmp_path: Path, open_umask: None) ->
     state.write_env_file()
     assert mode(state.state_path) == 0o600
     assert mode(state.env_path) == 0o600
-    assert json.loads(state.state_path.read_text())["env"] == client_env(PORTS)
-    assert "export AWS_SECRET_ACCESS_KEY=" in state.env_path.read_text()
+    assert json.loads(state.state_path.read_text())["env"] == env
+    assert "export AWS_SECRET_ACCESS_KEY=s3cret" in state.env_path.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["env.sh", "state.json"], "no temp left"
 
 
