@@ -24,8 +24,8 @@ BOOTSTRAP_ACTIONS = 4
 
 
 def bucket_policy(bucket: str) -> dict:
-    """Everything on `bucket` and its objects; listing bucket names (s3fs asks for it when it
-    checks that a bucket exists; there is one bucket to see); nothing else."""
+    """Everything on `bucket` and its objects, and listing bucket names (`aws s3 ls`, what a
+    person checks first; there is one bucket to see); nothing else."""
     return {
         "Version": "2012-10-17",
         "Statement": [
