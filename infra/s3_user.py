@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from infra.services import FAKE_AWS
+from infra.services import FAKE_AWS, create_bucket
 
 USER = "ddpflow"
 # create_bucket, create_user, put_user_policy, create_access_key: what `create` sends.
@@ -44,15 +44,15 @@ def create(endpoint_url: str, bucket: str, region: str) -> dict[str, str]:
     key as AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY. Call it right after moto is healthy."""
     import boto3  # late: only `up` pays for the import
 
-    # Unsigned requests are still signed by boto3; moto ignores the key until the count is spent.
-    unauthenticated = {
-        "endpoint_url": endpoint_url,
-        "aws_access_key_id": FAKE_AWS["AWS_ACCESS_KEY_ID"],
-        "aws_secret_access_key": FAKE_AWS["AWS_SECRET_ACCESS_KEY"],
-        "region_name": region,
-    }
-    boto3.client("s3", **unauthenticated).create_bucket(Bucket=bucket)
-    iam = boto3.client("iam", **unauthenticated)
+    create_bucket(endpoint_url, bucket)
+    # Signed with moto's fake keys, which it ignores until the count is spent.
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint_url,
+        aws_access_key_id=FAKE_AWS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=FAKE_AWS["AWS_SECRET_ACCESS_KEY"],
+        region_name=region,
+    )
     iam.create_user(UserName=USER)
     iam.put_user_policy(
         UserName=USER, PolicyName=f"{bucket}-only", PolicyDocument=json.dumps(bucket_policy(bucket))

@@ -126,7 +126,7 @@ SECRET_KEYS = ("PREFECT_API_AUTH_STRING", "MLFLOW_TRACKING_PASSWORD", "AWS_SECRE
 
 
 def env_block(env: dict[str, str], hide_secrets: bool = False) -> str:
-    """`export` lines for a shell, with a note that the AWS keys are fake."""
+    """`export` lines for a shell, with a note on what the credentials are."""
     lines = [
         "# ddpflow local stack: source this file to point flows, tests and CLIs at it.",
         "# The AWS key is the stack's own moto user, limited to its bucket; it works on no real",

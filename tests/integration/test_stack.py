@@ -109,13 +109,7 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     names = [w["name"] for w in httpx.post(url, json={}, trust_env=False, auth=login).json()]
     assert worker.extra["worker_name"] in names
 
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
+    s3 = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
     assert BUCKET in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 
     # MLflow proxies artifacts into the moto bucket: the client itself holds no S3 settings.
@@ -217,20 +211,19 @@ def test_every_server_refuses_clients_without_credentials(
     own.put_object(Bucket=BUCKET, Key="artifacts/x", Body=b"x")  # the key works on its bucket
     with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
         own.create_bucket(Bucket="another-bucket")
-    iam = boto3.client(
-        "iam",
-        endpoint_url=endpoint,
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
+    iam = _client("iam", env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
     with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
         iam.create_user(UserName="intruder")  # nor can it make a key with more rights
 
 
-def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:  # boto3 types clients at run time
+def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:
+    return _client("s3", env, key_id, secret)
+
+
+def _client(service: str, env: dict[str, str], key_id: str, secret: str) -> Any:
+    """A boto3 client of the stack's moto (boto3 types its clients at run time)."""
     return boto3.client(
-        "s3",
+        service,
         endpoint_url=env["AWS_ENDPOINT_URL_S3"],
         aws_access_key_id=key_id,
         aws_secret_access_key=secret,
