@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from ddpflow.checkpoint.reading import LoadedCheckpoint, load_checkpoint
     from ddpflow.distributed.elastic import (
         RepeatedFailure,
+        Resize,
         Restart,
         RestartsExhausted,
         WorkersNotBack,
@@ -48,6 +49,7 @@ _EXPORTS = {
     "TrainContext": "ddpflow.training.context",
     "Stateful": "ddpflow.training.context",
     "Restart": "ddpflow.distributed.elastic",
+    "Resize": "ddpflow.distributed.elastic",
     "RestartsExhausted": "ddpflow.distributed.elastic",
     "RepeatedFailure": "ddpflow.distributed.elastic",
     "WorkersNotBack": "ddpflow.distributed.elastic",
@@ -61,6 +63,7 @@ __all__ = [
     "LoadedCheckpoint",
     "Progress",
     "RepeatedFailure",
+    "Resize",
     "Restart",
     "RestartsExhausted",
     "Samples",

@@ -21,7 +21,8 @@ import cloudpickle
 import distributed
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.elastic import Resize, Restart, check_world_bounds, launch_with_restarts
+from ddpflow.distributed.growth import DEFAULT_SETTLE_S
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
 from ddpflow.storage.redact import redact_url
@@ -45,6 +46,9 @@ def run(
     train: Callable[..., R],
     *args: Any,
     world_size: int | None = None,
+    min_workers: int | None = None,
+    max_workers: int | None = None,
+    settle_s: float = DEFAULT_SETTLE_S,
     max_restarts: int = 2,
     checkpoint_dir: str | None = None,
     keep_last: int = 3,
@@ -58,6 +62,7 @@ def run(
     on_progress: Callable[[str], None] | None = None,
     on_restart: Callable[[Restart], None] | None = None,
     on_event: Callable[[Progress], None] | None = None,
+    on_resize: Callable[[Resize], None] | None = None,
 ) -> R:
     """Run `train(ctx, *args)` on `world_size` Dask workers (default: all); rank 0's result.
 
@@ -67,6 +72,12 @@ def run(
     tracking_uri + experiment: create an MLflow run (`run_name`, `params`) that rank 0's
         ctx.log_metrics() logs into; it ends FINISHED, or FAILED on error. tracking_uri +
         run_id: log into an existing run and leave its status alone. Neither: no tracking.
+    min_workers: the fewest ranks a relaunch after a lost worker goes on with (default: the
+        world size; with max_workers, 1).
+    max_workers: makes the group elastic both ways: it starts with the workers there are
+        (world_size, if given), and workers that join and stay `settle_s` seconds make it
+        grow, up to max_workers, at ddpflow.fit's next control step (a step checkpoint, then
+        a relaunch that spends no restart). on_resize gets each change (a Resize).
     timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
     on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
     on_event: gets every progress event (ddpflow.distributed.progress.Progress) of every
@@ -77,9 +88,14 @@ def run(
     (RestartsExhausted, RepeatedFailure, WorkersNotBack) when the group cannot finish.
     """
     check_inputs(client, train, args, world_size, max_restarts, keep_last, timeout_s)
+    check_world_bounds(world_size, min_workers, max_workers)
+    if isinstance(settle_s, bool) or not isinstance(settle_s, int | float) or settle_s < 0:
+        raise ValueError(f"settle_s={settle_s!r} must be a number of seconds >= 0")
     check_seed(seed)
     check_tracking(tracking_uri, experiment, run_id)
-    check_callbacks(on_progress=on_progress, on_event=on_event, on_restart=on_restart)
+    check_callbacks(
+        on_progress=on_progress, on_event=on_event, on_restart=on_restart, on_resize=on_resize
+    )
     owned = experiment is not None and run_id is None
     ref = None
     if owned:
@@ -107,9 +123,13 @@ def run(
             settings,
             ref,
             world_size=world_size,
+            min_workers=min_workers,
+            max_workers=max_workers,
+            settle_s=settle_s,
             timeout_s=timeout_s,
             max_restarts=max_restarts,
             on_restart=restarted,
+            on_resize=on_resize,
             subscribers=subscribers(on_progress, on_event),
         )
     result, unsent = outcomes[0]

@@ -59,6 +59,9 @@ class EpochPosition:
     world_size: int  # the order of an epoch depends on it
     loss_sums: list[list[float]]  # per rank: [sum of loss * samples, samples]
     window: dict[str, Any] = field(default_factory=dict)  # rank 0's StepWindow sums
+    # The training's optimizer steps so far, whatever the world sizes were (None: a
+    # checkpoint written before this was kept).
+    global_step: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,11 +15,18 @@ its ranks anew on the workers that exist now.
 A failure that repeats the previous attempt's before any rank made a training step (a model
 that cannot be built, out of memory at the first step) is deterministic: it is raised at
 once instead of spending the remaining restarts on it.
+
+With `max_workers`, the group is elastic both ways: it starts with the workers there are (at
+least `min_workers`), a relaunch after a loss goes on with those that are left, and workers
+that join and stay `settle_s` make it grow (ddpflow.distributed.growth): the group stops at a
+step checkpoint and is relaunched larger, which is not a failure and spends no restart.
+Every change of the world size is reported to `on_resize` as a `Resize`.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import re
@@ -31,6 +38,7 @@ from typing import Any, TypeVar
 import distributed
 
 from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
+from ddpflow.distributed.growth import DEFAULT_SETTLE_S, GrowWatch, is_grow_stop
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
 from ddpflow.distributed.progress import Subscriber
 
@@ -57,6 +65,18 @@ class Restart:
     # has a new address; so does an autoscaler's new node), whoever restarted them.
     lost_workers: list[str] = field(default_factory=list)
     new_workers: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Resize:
+    """One change of the group's world size, and why: "joined" (workers joined and stayed:
+    a grow, not a failure), "lost" (workers died or hung and were not back in time) or
+    "preempted" (workers were asked to leave: SIGTERM, retire_workers, a closing nanny)."""
+
+    old_size: int
+    new_size: int
+    reason: str
+    workers: list[str]  # those that joined, or those that were lost
 
 
 class RestartsExhausted(LaunchError):
@@ -86,10 +106,13 @@ def launch_with_restarts(
     *args: Any,
     world_size: int | None = None,
     min_workers: int | None = None,
+    max_workers: int | None = None,
+    settle_s: float = DEFAULT_SETTLE_S,
     timeout_s: float = 120.0,
     max_restarts: int = 2,
     heal_timeout_s: float = 120.0,
     on_restart: Callable[[Restart], None] | None = None,
+    on_resize: Callable[[Resize], None] | None = None,
     resources: Mapping[str, float] | None = None,
     subscribers: Sequence[Subscriber] = (),
 ) -> tuple[list[R], list[Restart]]:
@@ -98,16 +121,36 @@ def launch_with_restarts(
     `min_workers` (default: the world size) lets a relaunch continue with fewer ranks when
     workers do not come back: each rank still takes `batch_size` samples per step, so the
     global batch shrinks with the world size while the learning rate stays as configured.
+    `max_workers` makes the group elastic both ways (this module's docstring); `world_size`
+    is then the size to start at (default: the workers there are, up to `max_workers`, once
+    `min_workers` of them are).
     `subscribers` are handed to every attempt's launch: one that spans the attempts (a
     progress artifact) sees the whole training.
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
+    check_world_bounds(world_size, min_workers, max_workers)
+    if max_workers is not None and settle_s < 0:
+        raise ValueError(f"settle_s={settle_s!r} must be >= 0 seconds")
     restarts: list[Restart] = []
     size = world_size
+    if max_workers is not None and world_size is None:
+        size = _elastic_size(client, None, min_workers, max_workers, 0.0, heal_timeout_s)
     before_training: set[str] = set()  # the last attempt's causes, if it failed before a step
     while True:
         known = set(cluster_workers(client))
+        planned: list[str] = []
+        watch = (
+            GrowWatch(client, max_workers, settle_s, resources) if max_workers is not None else None
+        )
+
+        def on_plan(
+            workers: list[str], planned: list[str] = planned, watch: GrowWatch | None = watch
+        ) -> None:
+            planned[:] = workers
+            if watch is not None:
+                watch.start(workers)
+
         try:
             results = launch(
                 client,
@@ -117,9 +160,19 @@ def launch_with_restarts(
                 timeout_s=timeout_s,
                 resources=resources,
                 subscribers=subscribers,
+                on_plan=on_plan,
             )
             return results, restarts
         except LaunchError as error:
+            if watch is not None and watch.target is not None:
+                watch.close()  # the grow's stop request is cleared before the relaunch
+                if is_grow_stop([f.cause for f in error.failures]):
+                    size = min(max_workers, max(len(watch.usable()), 1))
+                    log.warning("the group grows from %d to %d ranks", len(planned), size)
+                    if on_resize is not None:
+                        on_resize(Resize(len(planned), size, "joined", watch.joined))
+                    before_training = set()
+                    continue
             failed = [
                 f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
             ]
@@ -134,7 +187,13 @@ def launch_with_restarts(
             started = time.monotonic()
             _wait_for_leavers(client, error)
             restarted = heal(client, heal_timeout_s)
-            size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
+            if max_workers is None:
+                size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
+            else:
+                floor = min_workers if min_workers is not None else world_size
+                size = _elastic_size(
+                    client, len(planned), floor, max_workers, settle_s, heal_timeout_s
+                )
             now = set(cluster_workers(client))
             restart = Restart(
                 attempt=len(restarts) + 1,
@@ -151,6 +210,39 @@ def launch_with_restarts(
             restarts.append(restart)
             if on_restart is not None:
                 on_restart(restart)
+            if on_resize is not None and planned and size is not None and size != len(planned):
+                leavers = any(STOP_CAUSE in f.cause for f in error.failures)
+                reason = "preempted" if leavers else "lost"
+                on_resize(Resize(len(planned), size, reason, restart.lost_workers))
+        finally:
+            if watch is not None:
+                watch.close()
+
+
+def check_world_bounds(world_size: object, min_workers: object, max_workers: object) -> None:
+    """ValueError naming the bad value and the fix, before any work (ddpflow.run and the
+    flows' parameters check with this one definition)."""
+    for name, value in (
+        ("world_size", world_size),
+        ("min_workers", min_workers),
+        ("max_workers", max_workers),
+    ):
+        bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+        if value is not None and bad:
+            raise ValueError(f"{name}={value!r}: pass a whole number of ranks >= 1, or None")
+    if None not in (min_workers, world_size) and min_workers > world_size:  # type: ignore[operator]
+        raise ValueError(
+            f"min_workers={min_workers} is more than world_size={world_size}; "
+            "lower min_workers or raise world_size"
+        )
+    if max_workers is None:
+        return
+    for name, value in (("world_size", world_size), ("min_workers", min_workers)):
+        if value is not None and value > max_workers:  # type: ignore[operator]
+            raise ValueError(
+                f"{name}={value} is more than max_workers={max_workers}; raise max_workers "
+                f"(the most ranks the group may grow to) or lower {name}"
+            )
 
 
 def failure_causes(error: LaunchError) -> set[str]:
@@ -239,3 +331,30 @@ def _next_world_size(
             f"{wanted} were back within {timeout_s:g}s (DDPFLOW_HEAL_TIMEOUT_S); {allowed}, or "
             "find out why the workers did not come back"
         ) from None
+
+
+def _elastic_size(
+    client: distributed.Client,
+    previous: int | None,
+    floor: int | None,
+    max_workers: int,
+    rejoin_s: float,
+    timeout_s: float,
+) -> int:
+    """An elastic group's next size: the workers there are, up to `max_workers`. A lost
+    worker that comes back within `rejoin_s` (a nanny's replacement) is waited for; one
+    that does not is left to the grow watch, which takes it when it joins later."""
+    if previous:
+        with contextlib.suppress(TimeoutError):
+            client.wait_for_workers(min(previous, max_workers), timeout=min(rejoin_s, timeout_s))
+    needed = max(1, floor or 1)
+    try:
+        client.wait_for_workers(needed, timeout=timeout_s)
+    except TimeoutError:
+        available = len(cluster_workers(client))
+        raise WorkersNotBack(
+            f"the DDP group needs {needed} workers (min_workers) to start, but only "
+            f"{available} were there within {timeout_s:g}s (DDPFLOW_HEAL_TIMEOUT_S); lower "
+            "min_workers, or find out why the workers did not come"
+        ) from None
+    return min(max_workers, len(cluster_workers(client)))

@@ -66,6 +66,7 @@ def launch(
     reserve_wait_s: float = 3600.0,
     resources: Mapping[str, float] | None = None,
     subscribers: Sequence[Subscriber] = (),
+    on_plan: Callable[[list[str]], None] | None = None,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
@@ -81,6 +82,8 @@ def launch(
     ddpflow.fit's step counts), in order, in this process: the group's one progress topic
     is followed once and fanned out (ddpflow.distributed.progress). Training is otherwise
     silent in the flow's log.
+    `on_plan` gets the group's worker addresses, by rank, before its ranks start (the grow
+    watch of ddpflow.distributed.growth asks exactly those to stop).
     """
     # Once per cluster: a worker sent SIGTERM, retired or closed by its nanny makes its group
     # checkpoint at the next control step before it goes.
@@ -97,6 +100,8 @@ def launch(
     size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
     with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
         plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
+        if on_plan is not None:
+            on_plan([a.worker_address for a in plan])
         return _run_group(client, fn, args, plan, timeout_s, resources, subscribers)
 
 

@@ -117,9 +117,17 @@ def fit(
         progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
     clock = CheckpointClock(plan.checkpoints, ctx.world_size, ctx.device)
     steps = StepCheckpointer(clock, save_checkpoint)
+    # The global step counts the optimizer steps taken, whatever the world size was: a
+    # group that grew or shrank goes on numbering from its checkpoint, so every step is
+    # logged once and in order. Checkpoints from before that count fall back to the formula.
+    known = history[-1].last_step if history and plan.start_epoch > 0 else None
+    next_step = known if known is not None else plan.start_epoch * steps_per_epoch
+    at = position.global_step if position is not None else None
+    # One point per attempt: a change of size shows where it happened (ddpflow.distributed.growth).
+    logger.log_metrics({"world_size": float(ctx.world_size)}, step=next_step if at is None else at)
     for epoch in range(plan.start_epoch, plan.epochs):
         started = time.perf_counter()
-        train_loss, num_samples = _train_epoch(
+        train_loss, num_samples, next_step = _train_epoch(
             model=model,
             optimizer=optimizer,
             data=train,
@@ -127,7 +135,8 @@ def fit(
             logger=logger,
             plan=plan,
             epoch=epoch,
-            first_step=epoch * steps_per_epoch,
+            first_step=next_step,
+            steps_per_epoch=steps_per_epoch,
             step_metrics=hooks.step_metrics,
             progress=progress,
             speed=hooks.speed,
@@ -140,7 +149,13 @@ def fit(
         val_metrics = _validate(model, val, ctx, plan, hooks)
         val_loss = val_metrics.pop("val_loss")
         stats = EpochStats(
-            epoch + 1, train_loss, val_loss, num_samples / elapsed, elapsed, val_metrics
+            epoch + 1,
+            train_loss,
+            val_loss,
+            num_samples / elapsed,
+            elapsed,
+            val_metrics,
+            last_step=next_step,
         )
         _log_epoch(logger, stats)
         progress.epoch_done(stats)
@@ -200,6 +215,7 @@ def _train_epoch(
     plan: FitPlan,
     epoch: int,
     first_step: int,
+    steps_per_epoch: int,
     step_metrics: StepMetrics | None = None,
     progress: FitProgress | None = None,
     resume_at: EpochPosition | None = None,
@@ -207,18 +223,26 @@ def _train_epoch(
     speed: TrainSpeed | None = None,
     loss_fn: Loss | None = None,
 ) -> tuple[float, int]:
-    """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks)."""
+    """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks;
+    the global step after its last step). `first_step` is the global step it starts after."""
     speed = speed or TrainSpeed(device=ctx.device)
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
     window = StepWindow()
     done, start = 0, 0
     if resume_at is not None:  # go on where the checkpoint inside this epoch left off
-        done, start = resume_at.step, resume_at.samples
+        start = resume_at.samples
         loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
         if ctx.is_main:  # rank 0's window: the next log line averages the same steps
             window = StepWindow.from_state(resume_at.window)
     batches = _batches(len(data), plan, ctx, epoch, start)
+    if resume_at is not None:
+        # Steps done, in this world size's steps (another size cuts the epoch differently):
+        # the progress then reads "step k of steps_per_epoch" at the new size.
+        same = resume_at.world_size == ctx.world_size
+        done = resume_at.step if same else max(0, steps_per_epoch - len(batches))
+        if resume_at.global_step is not None:
+            first_step = resume_at.global_step - done
     end = done + len(batches)
     global_batch = plan.batch_size * ctx.world_size
     for i, index in enumerate(batches, start=done):
@@ -248,7 +272,9 @@ def _train_epoch(
         if due:
             sums = gather_loss_sums(loss_sum, ctx.world_size, ctx.device)
             samples = start + (i + 1 - done) * global_batch  # all steps but the last are full
-            position = EpochPosition(epoch, i + 1, samples, ctx.world_size, sums, window.state())
+            position = EpochPosition(
+                epoch, i + 1, samples, ctx.world_size, sums, window.state(), first_step + i + 1
+            )
             checkpoints.write(ctx, logger, position)
         if stop is not None:
             raise StopRequested(
@@ -256,4 +282,4 @@ def _train_epoch(
                 "resumes there"
             )
     all_reduce_sum(loss_sum, ctx)
-    return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1])
+    return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1]), first_step + end

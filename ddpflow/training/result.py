@@ -16,6 +16,9 @@ class EpochStats:
     samples_per_s: float
     epoch_time_s: float
     val_metrics: dict[str, float] = field(default_factory=dict)  # besides val_loss (hooks)
+    # The global step after the epoch's last (the training's optimizer steps so far, at
+    # whatever world sizes): a resume after this epoch numbers its steps on from here.
+    last_step: int | None = None
 
 
 @dataclass(frozen=True)
