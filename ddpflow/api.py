@@ -20,9 +20,9 @@ from typing import Any, TypeVar
 import cloudpickle
 import distributed
 
+from ddpflow.config import DEFAULT_SETTLE_S
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.elastic import Resize, Restart, check_world_bounds, launch_with_restarts
-from ddpflow.distributed.growth import DEFAULT_SETTLE_S
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
 from ddpflow.storage.redact import redact_url

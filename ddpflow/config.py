@@ -22,6 +22,10 @@ RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
 LOCAL_TLS_ENV = "DDPFLOW_LOCAL_CLUSTER_TLS"
 HEAL_TIMEOUT_ENV = "DDPFLOW_HEAL_TIMEOUT_S"
 DEFAULT_HEAL_TIMEOUT_S = 120.0
+SETTLE_ENV = "DDPFLOW_GROW_SETTLE_S"
+# How long a worker that joined must stay before an elastic group grows onto it: Ray Train's
+# elastic resize monitor looks once a minute; a node that fails its start goes within that.
+DEFAULT_SETTLE_S = 60.0
 STORE_OUTAGE_ENV = "DDPFLOW_STORE_OUTAGE_S"
 # A checkpoint write retries for this long before the run fails: a 1-minute store outage
 # (a restart, a network blip) with room to spare.
@@ -47,6 +51,8 @@ class LaunchSettings:
 
     heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
     rank_resources: dict[str, float] | None = None  # e.g. {"GPU": 1}: GPU workers only
+    # How long a worker that joined must stay before a group with max_workers grows onto it.
+    settle_s: float = DEFAULT_SETTLE_S
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,8 @@ class Settings:
     # How long a restart waits for lost workers to come back before it goes on with fewer
     # (min_workers) or gives up.
     heal_timeout_s: float = DEFAULT_HEAL_TIMEOUT_S
+    # How long a worker that joined must stay before an elastic group grows onto it.
+    settle_s: float = DEFAULT_SETTLE_S
     # How long a checkpoint write waits out an unreachable artifact store (store_outage_s()).
     store_outage_s: float = DEFAULT_STORE_OUTAGE_S
     # The cap on a tensor file read whole (max_load_bytes()).
@@ -75,7 +83,9 @@ class Settings:
     @property
     def launch(self) -> LaunchSettings:
         resources = dict(self.rank_resources) if self.rank_resources else None
-        return LaunchSettings(heal_timeout_s=self.heal_timeout_s, rank_resources=resources)
+        return LaunchSettings(
+            heal_timeout_s=self.heal_timeout_s, rank_resources=resources, settle_s=self.settle_s
+        )
 
     @classmethod
     def from_env(
@@ -103,6 +113,7 @@ class Settings:
             heal_timeout_s=_parse_seconds(
                 HEAL_TIMEOUT_ENV, env.get(HEAL_TIMEOUT_ENV), DEFAULT_HEAL_TIMEOUT_S
             ),
+            settle_s=_parse_seconds(SETTLE_ENV, env.get(SETTLE_ENV), DEFAULT_SETTLE_S),
             store_outage_s=store_outage_s(env),
             max_load_bytes=max_load_bytes(env),
             local_cluster_tls=_parse_switch(LOCAL_TLS_ENV, env.get(LOCAL_TLS_ENV), default=True),

@@ -70,6 +70,14 @@ MaxRestarts = Annotated[
 WorldSize = Annotated[
     int | None, Field(ge=1, description="DDP ranks, one per Dask worker; unset: every worker")
 ]
+MinWorkers = Annotated[
+    int | None,
+    Field(ge=1, description="fewest ranks the group goes on with after a loss; unset: all"),
+]
+MaxWorkers = Annotated[
+    int | None,
+    Field(ge=1, description="most ranks the group grows to as workers join; unset: no growing"),
+]
 ModelName = Annotated[str, Field(min_length=1, description="MLflow registered model")]
 Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]
 # Speed settings (ddpflow.training.speed.device): "auto" picks per device on each rank (fp32, no

@@ -200,6 +200,7 @@ def _train_evaluate_register(
         params.rank_timeout_s,
         params.max_restarts,
         params.min_workers,
+        params.max_workers,
         launch=launch,
     )
     checkpoint = trained.latest_checkpoint

@@ -34,6 +34,7 @@ TRAIN_CHARLM: dict[str, Any] = {
     "experiment": "ddpflow-charlm",
     "max_restarts": 2,
     "min_workers": None,
+    "max_workers": None,
     "precision": "auto",
     "pin_memory": "auto",
     "compile": False,
@@ -64,7 +65,7 @@ SWEEP_CHARLM: dict[str, Any] = {
 }
 
 # A scaling run sets the world size per child and evaluates or registers nothing, so it
-# has no world_size, min_workers, num_names or model_name; it keeps one checkpoint.
+# has no world_size, min_workers, max_workers, num_names or model_name; it keeps one checkpoint.
 SCALING_CHARLM: dict[str, Any] = {
     "source": TRAIN_CHARLM["source"],
     "world_sizes": None,
@@ -108,6 +109,8 @@ TRAIN_IMAGES: dict[str, Any] = {
     "checkpoint_every_s": DEFAULT_CHECKPOINT_EVERY_S,
     "rank_timeout_s": 120.0,
     "max_restarts": 2,
+    "min_workers": None,
+    "max_workers": None,
     "model_name": "ddpflow-images",
     "experiment": "ddpflow-images",
     "precision": "auto",
@@ -123,7 +126,8 @@ SCALING_IMAGES: dict[str, Any] = {
     **{
         k: v
         for k, v in TRAIN_IMAGES.items()
-        if k not in ("source", "world_size", "model_name") and not k.startswith("checkpoint_every")
+        if k not in ("source", "world_size", "min_workers", "max_workers", "model_name")
+        and not k.startswith("checkpoint_every")
     },
     "keep_last": 1,
     "experiment": "ddpflow-images-scaling",

@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 
+from ddpflow.distributed.elastic import check_world_bounds
 from ddpflow.param_types import (
     MAX_RANK_TIMEOUT_S,
     AutoToggle,
@@ -42,6 +43,8 @@ from ddpflow.param_types import (
     KeepLast,
     LearningRate,
     MaxRestarts,
+    MaxWorkers,
+    MinWorkers,
     ModelName,
     Name,
     NumLayers,
@@ -73,6 +76,7 @@ FIXES = {
     "max_image_mb": f"pass a size in MiB above 0 and at most {MAX_IMAGE_MB:g}, e.g. 20",
     "world_size": "pass a positive number of ranks, or leave it unset for every worker",
     "min_workers": "pass a positive number of ranks, at most world_size",
+    "max_workers": "pass a positive number of ranks, at least world_size and min_workers",
     "keep_last": "pass a positive number of checkpoints to keep",
     "checkpoint_every_steps": "pass a whole number of steps, 0 or more (0: none by step count)",
     "checkpoint_every_s": (
@@ -148,9 +152,8 @@ class CharLMParams(_Params):
     model_name: ModelName
     experiment: Experiment
     max_restarts: MaxRestarts = TRAIN_CHARLM["max_restarts"]
-    min_workers: int | None = Field(
-        default=None, ge=1, description="fewest ranks a relaunch may go on with; unset: all"
-    )
+    min_workers: MinWorkers = TRAIN_CHARLM["min_workers"]
+    max_workers: MaxWorkers = TRAIN_CHARLM["max_workers"]
     precision: Precision = TRAIN_CHARLM["precision"]
     pin_memory: PinMemory = TRAIN_CHARLM["pin_memory"]
     compile: Compile = TRAIN_CHARLM["compile"]
@@ -162,12 +165,8 @@ class CharLMParams(_Params):
         return refuse_credentials(value.strip() if isinstance(value, str) else value)
 
     @model_validator(mode="after")
-    def _min_workers_fit(self) -> CharLMParams:
-        if None not in (self.min_workers, self.world_size) and self.min_workers > self.world_size:
-            raise ValueError(
-                f"min_workers={self.min_workers} is more than world_size={self.world_size}; "
-                "lower min_workers or raise world_size"
-            )
+    def _world_bounds_fit(self) -> CharLMParams:
+        check_world_bounds(self.world_size, self.min_workers, self.max_workers)
         return self
 
 
@@ -286,6 +285,8 @@ class ImageParams(_Params):
     checkpoint_every_s: CheckpointEveryS = TRAIN_IMAGES["checkpoint_every_s"]
     rank_timeout_s: RankTimeout
     max_restarts: MaxRestarts = TRAIN_IMAGES["max_restarts"]
+    min_workers: MinWorkers = TRAIN_IMAGES["min_workers"]
+    max_workers: MaxWorkers = TRAIN_IMAGES["max_workers"]
     model_name: ModelName
     experiment: Experiment
     precision: Precision = TRAIN_IMAGES["precision"]
@@ -307,3 +308,8 @@ class ImageParams(_Params):
         if value is not None and not value:
             raise ValueError("source is blank; pass an image folder URI or leave it unset")
         return value
+
+    @model_validator(mode="after")
+    def _world_bounds_fit(self) -> ImageParams:
+        check_world_bounds(self.world_size, self.min_workers, self.max_workers)
+        return self

@@ -70,7 +70,9 @@ def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummar
         sizes,
         datasets,
         {
-            **params.model_dump(exclude={"world_size", "min_workers", "num_names", "model_name"}),
+            **params.model_dump(
+                exclude={"world_size", "min_workers", "max_workers", "num_names", "model_name"}
+            ),
             "source": redact_url(params.source),
             "target_loss": scaling.target_loss,
             "data_sha256": raw.sha256,

@@ -64,7 +64,7 @@ def scaling_images(checked: tuple[ScalingParams, ImageParams]) -> ScalingSummary
         sizes,
         image_datasets(data, source),
         {
-            **params.model_dump(exclude={"world_size", "model_name"}),
+            **params.model_dump(exclude={"world_size", "min_workers", "max_workers", "model_name"}),
             "source": redact_url(source),
             "weights": redact_url(params.weights),
             "target_accuracy": scaling.target_accuracy,

@@ -248,7 +248,14 @@ def _train_evaluate_register(
     report_dir = storage.join(run_dir, "reports")
     job = image_job(params, data, weights_uri, run, checkpoint_dir)
     trained = train_ddp(
-        TRAINING, job, world_size, params.rank_timeout_s, params.max_restarts, launch=launch
+        TRAINING,
+        job,
+        world_size,
+        params.rank_timeout_s,
+        params.max_restarts,
+        params.min_workers,
+        params.max_workers,
+        launch=launch,
     )
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()

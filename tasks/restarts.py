@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
+from prefect.events import emit_event
 
 from ddpflow.api import rank_entry
 from ddpflow.config import LaunchSettings
-from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.elastic import Resize, Restart, launch_with_restarts
 from ddpflow.distributed.progress import line_subscriber
 from ddpflow.integrations.prefect.flow_client import current_dask_client
-from ddpflow.integrations.prefect.progress_artifact import progress_artifact
+from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact, progress_artifact
 from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import log_restart
@@ -59,6 +60,7 @@ def train_ddp(
     rank_timeout_s: float,
     max_restarts: int = 2,
     min_workers: int | None = None,
+    max_workers: int | None = None,
     *,
     launch: LaunchSettings,
 ) -> TrainResult:
@@ -74,6 +76,9 @@ def train_ddp(
     progress artifact `progress_key` (their steps), one artifact over all attempts.
     Logging calls rank 0 could not get into MLflow (its `unsent`) are listed in the Prefect
     artifact `incomplete_key`.
+    With `max_workers` the group grows onto workers that join (ddpflow.distributed.growth);
+    each change of its size is a line in this task's log, a Prefect event
+    (RESIZED_EVENT) and a note on the progress artifact.
     """
     run: RunRef = job.run
     client = current_dask_client()
@@ -87,9 +92,12 @@ def train_ddp(
             run,
             world_size=world_size,
             min_workers=min_workers,
+            max_workers=max_workers,
+            settle_s=launch.settle_s,
             timeout_s=rank_timeout_s,
             max_restarts=max_restarts,
             on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
+            on_resize=lambda resize: announce_resize(run, resize, artifact),
             heal_timeout_s=launch.heal_timeout_s,
             resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
             # Rank 0's per-epoch lines in this task's log, its steps in the artifact.
@@ -105,6 +113,30 @@ def train_ddp(
     if unsent:
         publish_unsent(run, unsent, workload.incomplete_key)
     return replace(result, unsent=unsent)
+
+
+RESIZED_EVENT = "ddpflow.training.resized"
+
+
+def announce_resize(run: RunRef, resize: Resize, artifact: ProgressArtifact) -> None:
+    """A world-size change in the task's log, as a Prefect event and on the progress
+    artifact. (The MLflow run has it as the `world_size` metric, which fit logs.)"""
+    line = (
+        f"world size {resize.old_size} -> {resize.new_size} ({resize.reason}: "
+        f"{', '.join(resize.workers) or 'no worker named'})"
+    )
+    get_run_logger().info(line)
+    artifact.note_size(line)
+    emit_event(
+        event=RESIZED_EVENT,
+        resource={"prefect.resource.id": f"ddpflow.mlflow-run.{run.run_id}"},
+        payload={
+            "old_size": resize.old_size,
+            "new_size": resize.new_size,
+            "reason": resize.reason,
+            "workers": list(resize.workers),
+        },
+    )
 
 
 def restarts_markdown(run: RunRef, restarts: list[Restart]) -> str:

@@ -37,8 +37,9 @@ from typing import Any, TypeVar
 
 import distributed
 
+from ddpflow.config import DEFAULT_SETTLE_S
 from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
-from ddpflow.distributed.growth import DEFAULT_SETTLE_S, GrowWatch, is_grow_stop
+from ddpflow.distributed.growth import GrowWatch, is_grow_stop
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
 from ddpflow.distributed.progress import Subscriber
 

@@ -31,7 +31,6 @@ from ddpflow.distributed.supervision import cluster_workers
 
 log = logging.getLogger(__name__)
 POLL_S = 1.0
-DEFAULT_SETTLE_S = 60.0  # Ray Train's elastic resize monitor looks once a minute
 # In the stop reason a grow gives the ranks, and so in every rank's StopRequested.
 GROW_CAUSE = "the group grows ("
 PEER_STOP_CAUSE = "another worker of the group was asked to stop"

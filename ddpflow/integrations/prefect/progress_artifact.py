@@ -39,6 +39,8 @@ class ProgressArtifact:
         self.key, self.title, self.min_interval_s = key, title, min_interval_s
         self.artifact_id: UUID | None = None
         self.latest: Progress | None = None
+        # The group's latest world-size change, shown after the progress (note()).
+        self.size_note = ""
         self._pending: Progress | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -70,6 +72,13 @@ class ProgressArtifact:
                 self.latest = self._pending = progress
         self._wake.set()
 
+    def note_size(self, line: str) -> None:
+        """Show `line` (a world-size change) after the progress from the next update on."""
+        with self._lock:
+            self.size_note = line
+            self._pending = self._pending or self.latest
+        self._wake.set()
+
     def finish(self, succeeded: bool) -> None:
         """100 % after a training that returned; else the last state, marked as failed."""
         if self._thread is None:
@@ -80,10 +89,15 @@ class ProgressArtifact:
         latest = self.latest
         if succeeded:
             done = f"done, {latest.describe()}" if latest else "done"
-            self._push(100.0, f"{self.title}: {done}")
+            self._push(100.0, self._noted(f"{self.title}: {done}"))
         else:
             where = latest.describe() if latest else "before the first step"
-            self._push(latest.percent if latest else 0.0, f"{self.title}: failed at {where}")
+            self._push(
+                latest.percent if latest else 0.0, self._noted(f"{self.title}: failed at {where}")
+            )
+
+    def _noted(self, description: str) -> str:
+        return f"{description}; {self.size_note}" if self.size_note else description
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -92,7 +106,7 @@ class ProgressArtifact:
             with self._lock:
                 progress, self._pending = self._pending, None
             if progress is not None and not self._stop.is_set():
-                self._push(progress.percent, f"{self.title}: {progress.describe()}")
+                self._push(progress.percent, self._noted(f"{self.title}: {progress.describe()}"))
                 self._stop.wait(self.min_interval_s)
 
     def _push(self, percent: float, description: str) -> None:
