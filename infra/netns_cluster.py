@@ -10,12 +10,18 @@ would on a real cluster. Needs root (see infra.netns). The multi-host tests and
 Each host's workers run under a restart loop, as a supervisor (systemd's Restart=always, a
 batch job's requeue) would run them: a Dask worker cut off from its scheduler for longer
 than Dask's TCP timeout (30 s) exits, and only a supervisor brings a host that comes back
-into the cluster again.
+into the cluster again. `add_host` brings up one more worker host while the cluster runs (a
+node that joins mid-training) and `remove_host` takes it away again.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
+import subprocess
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -53,6 +59,8 @@ class NetnsCluster:
     aws: dict[str, str]  # the S3 keys and region the workers and the flow use
     workers_per_host: dict[str, int]
     workers: dict[str, Service] = field(default_factory=dict)
+    worker_env: dict[str, str] = field(default_factory=dict, repr=False)  # what workers get
+    work: Path = Path()  # the logs and the Dask scratch folders are under it
 
     def flow_env(self, artifact_root: str) -> dict[str, str]:
         """What a user sets on the machine that starts flows (the head node)."""
@@ -77,6 +85,52 @@ class NetnsCluster:
         prefix = f"tcp://{self.hosts.address[host]}:"
         (address,) = [w for w in cluster_workers(client) if w.startswith(prefix)]
         return address
+
+    def start_workers(self, host: str) -> None:
+        """Start host's workers under their restart loop (stopped at the cluster's exit)."""
+        argv = _worker_loop(self, host, self.work / "dask-scratch")
+        name = f"dask-worker-{host}"
+        self.workers[host] = spawn(name, argv, self.worker_env, self.work / "logs")
+
+    def add_host(self, name: str, workers: int = 1, timeout_s: float = 120) -> str:
+        """One more worker host on the bridge, its workers started and registered with the
+        scheduler (a node that joins a running cluster); its address. `restore` counts it
+        until `remove_host` takes it away; the cluster's exit removes it with the others."""
+        hosts = self.hosts
+        tag = hosts.bridge.removeprefix("ddpf")
+        octet = hosts.bridge_address.split(".")[1]
+        index = max(int(a.rsplit(".", 1)[1]) for a in hosts.address.values()) - 1  # the next
+        address = f"10.{octet}.0.{index + 2}"
+        netns._add_host(hosts, name, f"ddpf{tag}-{name}", address, tag, index)
+        self.workers_per_host[name] = workers
+        self.start_workers(name)
+        prefix = f"tcp://{address}:"
+        with self.client() as client:
+            wait_until(
+                lambda: sum(w.startswith(prefix) for w in cluster_workers(client)) == workers,
+                timeout_s, self.workers[name], f"{workers} worker(s) of {name} registered",
+            )  # fmt: skip
+        return address
+
+    def remove_host(self, name: str, timeout_s: float = 60) -> None:
+        """Stop a host's workers, wait until the scheduler has forgotten them, and take its
+        namespace (and so its link) away: the cluster is as it was before `add_host`."""
+        prefix = f"tcp://{self.hosts.address[name]}:"
+        service = self.workers.pop(name, None)
+        if service is not None:
+            stop(service)  # SIGTERM: each worker closes and unregisters
+        deadline = time.monotonic() + timeout_s
+        with self.client() as client:
+            while any(w.startswith(prefix) for w in cluster_workers(client)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the scheduler still lists a worker of {name}")
+                time.sleep(0.2)
+        for pid in self.hosts.pids(name):  # nothing outlives its host
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        namespace = self.hosts.namespace.pop(name)
+        subprocess.run([netns.IP, "netns", "del", namespace], check=True, timeout=10)
+        del self.hosts.address[name], self.workers_per_host[name]
 
     def restore(self, timeout_s: float = 120) -> None:
         """Every host on the network and its worker registered: the state each test expects."""
@@ -124,13 +178,13 @@ def netns_cluster(
             stack, start_prefect_server(free_port(bridge), work / "prefect", logs, host=bridge)
         )
         head = hosts.address["head"]
-        multi = NetnsCluster(
-            hosts, f"tcp://{head}:{SCHEDULER_PORT}", prefect.url, mlflow.url, moto.url,
-            dict(aws), dict(workers_per_host),
-        )  # fmt: skip
         # The workers hold the S3 keys (they read and write the artifact store); they get no
         # Prefect or MLflow setting: the flow hands those to what runs there.
         env = base_env({**WORKER_ENV, **aws_env, "PYTHONPATH": str(REPO)})
+        multi = NetnsCluster(
+            hosts, f"tcp://{head}:{SCHEDULER_PORT}", prefect.url, mlflow.url, moto.url,
+            dict(aws), dict(workers_per_host), worker_env=env, work=work,
+        )  # fmt: skip
         scheduler_argv = [
             str(BIN / "dask"), "scheduler", "--host", head, "--port", str(SCHEDULER_PORT),
             "--no-dashboard", "--dashboard-address", f"{head}:0",
@@ -139,11 +193,17 @@ def netns_cluster(
             stack, spawn("dask-scheduler", hosts.argv("head", scheduler_argv), env, logs)
         )
         wait_until(lambda: tcp_ok(head, SCHEDULER_PORT), 60, scheduler, "listening")
+        # Every host's workers, those that add_host started too, stop before the scheduler.
+        stack.callback(_stop_all, multi.workers)
         for host in workers_per_host:
-            argv = _worker_loop(multi, host, work / "dask-scratch")
-            multi.workers[host] = _started(stack, spawn(f"dask-worker-{host}", argv, env, logs))
+            multi.start_workers(host)
         multi.restore(timeout_s=180)
         yield multi
+
+
+def _stop_all(services: Mapping[str, Service]) -> None:
+    for service in list(services.values()):
+        stop(service)
 
 
 def _started(stack: ExitStack, service: Service) -> Service:

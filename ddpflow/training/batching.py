@@ -24,6 +24,7 @@ def epoch_batches(
     seed: int,
     epoch: int,
     start: int = 0,
+    global_batch: bool = False,
 ) -> list[torch.Tensor]:
     """Index batches of one rank for one epoch.
 
@@ -37,9 +38,33 @@ def epoch_batches(
     `start` skips that many samples of the permutation (a resume inside the epoch): with
     the same world size and start = steps done * batch_size * world_size, the batches are
     exactly the epoch's remaining ones. Nothing left to share among the ranks gives [].
+
+    `global_batch`: batch_size is the whole group's batch per step, dealt out among the
+    ranks (some take one sample more when it does not divide): the steps, and the samples
+    of each, are then those of any world size. (step_sizes gives each step's total, for
+    weighting each rank's loss by its share.)
     """
     import torch  # lazy: the flow process imports this module and starts without torch
 
+    spans = _spans(num_samples, batch_size, world_size, start, global_batch)
+    if not spans:
+        return []
+    generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
+    perm = torch.randperm(num_samples, generator=generator)[start:]
+    return [perm[lo:hi][rank::world_size] for lo, hi in spans]
+
+
+def step_sizes(
+    num_samples: int, batch_size: int, world_size: int, start: int = 0, global_batch: bool = False
+) -> list[int]:
+    """The samples each step of epoch_batches (same arguments) takes over all ranks."""
+    return [hi - lo for lo, hi in _spans(num_samples, batch_size, world_size, start, global_batch)]
+
+
+def _spans(
+    num_samples: int, batch_size: int, world_size: int, start: int, global_batch: bool
+) -> list[tuple[int, int]]:
+    """Each step's [lo, hi) in the epoch's permutation after `start`."""
     if batch_size < 1:
         raise ValueError(f"batch_size={batch_size} must be >= 1")
     if num_samples < world_size:
@@ -47,19 +72,20 @@ def epoch_batches(
             f"{num_samples} samples cannot be shared by {world_size} ranks; use more data "
             "or a smaller world_size"
         )
-    generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
-    perm = torch.randperm(num_samples, generator=generator)
-    if start:
-        perm, num_samples = perm[start:], max(0, num_samples - start)
-        if num_samples < world_size:
-            return []
-    global_batch = batch_size * world_size
-    num_steps = max(1, -(-num_samples // global_batch))
-    if num_steps > 1 and num_samples - (num_steps - 1) * global_batch < world_size:
+    if global_batch and batch_size < world_size:
+        raise ValueError(
+            f"a global batch of batch_size={batch_size} cannot give each of {world_size} "
+            f"ranks a sample a step; raise batch_size to {world_size} or more"
+        )
+    left = max(0, num_samples - start)
+    if left < world_size:
+        return []
+    step = batch_size if global_batch else batch_size * world_size
+    num_steps = max(1, -(-left // step))
+    if num_steps > 1 and left - (num_steps - 1) * step < world_size:
         num_steps -= 1
-    bounds = [i * global_batch for i in range(num_steps)] + [num_samples]
-    spans = zip(bounds[:-1], bounds[1:], strict=True)
-    return [perm[lo:hi][rank::world_size] for lo, hi in spans]
+    bounds = [i * step for i in range(num_steps)] + [left]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
 
 
 def shard(num_samples: int, rank: int, world_size: int) -> torch.Tensor:

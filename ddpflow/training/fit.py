@@ -43,13 +43,17 @@ def fit(
     eval_batch_size: int = 8192,
     checkpoint_every_steps: int = 0,
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S,
+    global_batch: bool = False,
 ) -> list[EpochStats]:
     """Train `model` (already in DistributedDataParallel: ctx.wrap) for `epochs` epochs.
 
     Call on every rank. `model(inputs, targets)` returns (outputs, loss), or give
     `hooks=FitHooks(loss=...)` and `model(inputs)` returns outputs. Each rank takes
     `batch_size` samples of `train` per step (ddpflow.training.samples: `len` and
-    `batch(index)`) and validates on its shard of `val`.
+    `batch(index)`) and validates on its shard of `val`. With `global_batch=True`,
+    `batch_size` is the whole group's batch per step instead, dealt out among the ranks: the
+    steps and their gradients are those of any world size (up to floating-point reduction
+    order), so a group that grows or shrinks trains the same model.
 
     With a checkpoint folder (ddpflow.run's checkpoint_dir), it first resumes from the latest
     checkpoint, then saves the model, the optimizer, each object of `state` (a scheduler...)
@@ -62,6 +66,7 @@ def fit(
     """
     hooks = hooks or FitHooks()
     check_fit(ctx, model, epochs, batch_size, log_every_steps, state)
+    check_global_batch(global_batch, batch_size, ctx.world_size)
     objects: dict[str, Stateful] = {"model": model, "optimizer": optimizer, **(state or {})}
     if hooks.speed is not None:
         objects["scaler"] = hooks.speed
@@ -87,6 +92,7 @@ def fit(
         eval_batch_size=eval_batch_size,
         checkpoints=CheckpointSchedule(checkpoint_every_steps, checkpoint_every_s, log_every_steps),
         resume_at=position,
+        global_batch=global_batch,
     )
     return _fit_loop(
         model=model,
@@ -104,6 +110,16 @@ def fit(
 
 OWN_NAMES = ("model", "optimizer", "scaler")
 HISTORY_INFO = "fit_history"  # the checkpoint's info value with the epochs' stats so far
+
+
+def check_global_batch(global_batch: object, batch_size: object, world_size: int) -> None:
+    if not isinstance(global_batch, bool):
+        raise ValueError(f"fit(global_batch={global_batch!r}) must be True or False")
+    if global_batch and isinstance(batch_size, int) and batch_size < world_size:
+        raise ValueError(
+            f"fit(batch_size={batch_size}, global_batch=True) cannot give each of "
+            f"{world_size} ranks a sample a step: raise batch_size to {world_size} or more"
+        )
 
 
 def check_fit(

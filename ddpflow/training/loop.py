@@ -30,7 +30,7 @@ from ddpflow.checkpoint.store import unwrap
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.graceful_stop import StopRequested
 from ddpflow.tracking.loggers import MetricLogger, flush_logger
-from ddpflow.training.batching import epoch_batches
+from ddpflow.training.batching import epoch_batches, step_sizes
 from ddpflow.training.progress import FitProgress
 from ddpflow.training.result import EpochStats
 from ddpflow.training.samples import Samples
@@ -54,6 +54,8 @@ class FitPlan:
     eval_batch_size: int = 8192
     checkpoints: CheckpointSchedule = field(default_factory=CheckpointSchedule)
     resume_at: EpochPosition | None = None  # from a checkpoint inside epoch start_epoch
+    # batch_size is the group's batch per step, whatever the world size (batching.py).
+    global_batch: bool = False
 
 
 @dataclass(frozen=True)
@@ -201,7 +203,14 @@ def _batches(
     num_samples: int, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
 ) -> list[torch.Tensor]:
     return epoch_batches(
-        num_samples, plan.batch_size, ctx.rank, ctx.world_size, plan.seed, epoch, start
+        num_samples,
+        plan.batch_size,
+        ctx.rank,
+        ctx.world_size,
+        plan.seed,
+        epoch,
+        start,
+        global_batch=plan.global_batch,
     )
 
 
@@ -244,7 +253,15 @@ def _train_epoch(
         if resume_at.global_step is not None:
             first_step = resume_at.global_step - done
     end = done + len(batches)
-    global_batch = plan.batch_size * ctx.world_size
+    global_batch = plan.batch_size if plan.global_batch else plan.batch_size * ctx.world_size
+    # With a global batch, each rank's loss is weighted by its share of the step's samples
+    # (rank_samples * world_size / step_samples): DDP's mean over the ranks is then the mean
+    # over the step's samples, as on any other world size, even where a rank has one more.
+    totals = (
+        step_sizes(len(data), plan.batch_size, ctx.world_size, start, True)
+        if plan.global_batch
+        else []
+    )
     for i, index in enumerate(batches, start=done):
         # Dropout (any torch RNG use) depends only on (seed, rank, epoch, step): a resume
         # from any checkpoint, inside an epoch or at its end, repeats the same draws.
@@ -254,7 +271,11 @@ def _train_epoch(
         optimizer.zero_grad(set_to_none=True)
         with speed.autocast():
             logits, loss = forward(model, x, y, loss_fn)
-        speed.backward_and_step(loss, optimizer)
+        if plan.global_batch:
+            loss_for_step = loss * (len(index) * ctx.world_size / totals[i - done])
+        else:
+            loss_for_step = loss
+        speed.backward_and_step(loss_for_step, optimizer)
         ctx.heartbeat(first_step + i + 1)  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)

@@ -17,6 +17,7 @@ import ddpflow
 SAMPLES = 600
 EPOCHS = 2
 BATCH_SIZE = 4  # per rank
+GLOBAL_BATCH = 10  # over the group: 5 + 5 on 2 ranks, 4 + 3 + 3 on 3
 FEATURES = 8
 PAUSE_S = 0.2
 
@@ -66,9 +67,13 @@ class _Recording:
         return getattr(self._ctx, name)
 
 
-def recorded_fit(ctx: ddpflow.TrainContext, log_dir: str, pause: str) -> int:
+def recorded_fit(
+    ctx: ddpflow.TrainContext, log_dir: str, pause: str, global_batch: bool = False
+) -> dict[str, Any]:
     """ddpflow.fit over SAMPLES samples for EPOCHS epochs, a control step at every step and
-    a step checkpoint every 5; returns the world size it finished at."""
+    a step checkpoint every 5: BATCH_SIZE samples per rank a step, or with `global_batch`
+    GLOBAL_BATCH per step over the group. Returns the world size it finished at and the
+    trained weights."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, FEATURES, generator=generator)
     y = x @ torch.randn(FEATURES, 1, generator=generator)
@@ -85,12 +90,14 @@ def recorded_fit(ctx: ddpflow.TrainContext, log_dir: str, pause: str) -> int:
         train=data,
         val=ddpflow.TensorPairs(x[:40], y[:40]),
         epochs=EPOCHS,
-        batch_size=BATCH_SIZE,
+        batch_size=GLOBAL_BATCH if global_batch else BATCH_SIZE,
+        global_batch=global_batch,
         hooks=ddpflow.FitHooks(loss=nn.functional.mse_loss),
         log_every_steps=1,
         checkpoint_every_steps=5,
     )
-    return ctx.world_size
+    weights = [p.detach().clone() for p in net.parameters()]
+    return {"world_size": ctx.world_size, "weights": weights}
 
 
 def samples_by_epoch(log_dir: str) -> list[list[int]]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import distributed
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 import ddpflow
@@ -93,7 +94,7 @@ def _visit_then_stay(
         line.error = error
 
 
-def _run(client: distributed.Client, tmp_path: Path, line: _Timeline, **kwargs) -> int:  # noqa: ANN003
+def _run(client: distributed.Client, tmp_path: Path, line: _Timeline, *more, **kwargs) -> dict:  # noqa: ANN002, ANN003
     steps = tmp_path / "steps"
     steps.mkdir()
     line.steps_dir = steps
@@ -104,6 +105,7 @@ def _run(client: distributed.Client, tmp_path: Path, line: _Timeline, **kwargs) 
         recorded_fit,
         str(steps),
         str(pause),
+        *more,
         min_workers=2,
         max_workers=3,
         settle_s=SETTLE_S,
@@ -141,11 +143,11 @@ def test_a_worker_that_joins_and_stays_grows_the_group_one_that_visits_does_not(
         driver.start()
         line.unpause_on_resize = tmp_path / "pause"  # the rest at full speed
         # max_restarts=0: a grow that spent a restart would fail the run.
-        finished_at = _run(client, tmp_path, line, max_restarts=0, on_restart=line.restarts.append)
+        finished = _run(client, tmp_path, line, max_restarts=0, on_restart=line.restarts.append)
         driver.join(timeout=WAIT_S)
     assert line.error is None, line.error
     assert line.visit_s < SETTLE_S, "the visitor stayed too long for this test to mean anything"
-    assert finished_at == 3
+    assert finished["world_size"] == 3
     assert [(r.old_size, r.new_size, r.reason, r.workers) for r in line.resizes] == [
         (2, 3, "joined", [line.joiner])
     ], "the visitor caused no relaunch; the worker that stayed, one"
@@ -198,10 +200,10 @@ def test_grow_then_lose_goes_on_at_the_smaller_size_with_each_sample_once(tmp_pa
             line.restarts.append(restart)
             (tmp_path / "pause").unlink(missing_ok=True)
 
-        finished_at = _run(client, tmp_path, line, max_restarts=1, on_restart=restarted)
+        finished = _run(client, tmp_path, line, max_restarts=1, on_restart=restarted)
         driver.join(timeout=WAIT_S)
     assert line.error is None, line.error
-    assert finished_at == 2
+    assert finished["world_size"] == 2
     assert [(r.old_size, r.new_size, r.reason) for r in line.resizes] == [
         (2, 3, "joined"),
         (3, 2, "lost"),
@@ -211,6 +213,48 @@ def test_grow_then_lose_goes_on_at_the_smaller_size_with_each_sample_once(tmp_pa
     mlflow, run_id = _the_run(tmp_path)
     sizes = sorted(mlflow.get_metric_history(run_id, "world_size"), key=lambda m: m.step)
     assert [m.value for m in sizes] == [2.0, 3.0, 2.0]
+    _assert_each_sample_once_per_epoch(tmp_path)
+
+
+def _join_and_stay(
+    cluster: distributed.LocalCluster, client: distributed.Client, line: _Timeline
+) -> None:
+    try:
+        assert line.stepping.wait(WAIT_S), "the training never stepped"
+        line.joiner = _join(cluster, client, 3)
+        line.joined_at = time.monotonic()
+    except BaseException as error:  # noqa: BLE001 - reported by the test's thread
+        line.error = error
+
+
+# docs/fault-tolerance.md "Growing": with a global batch, the steps and their samples do not
+# depend on the world size, so a group that grew trains the model of a group that did not.
+def test_with_a_global_batch_a_grown_training_ends_with_the_weights_of_one_on_3_ranks(tmp_path):
+    line = _Timeline()
+    line.unpause_on_resize = tmp_path / "pause"
+    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        driver = threading.Thread(target=_join_and_stay, args=(cluster, client, line))
+        driver.start()
+        grown = _run(client, tmp_path, line, True, max_restarts=0)
+        driver.join(timeout=WAIT_S)
+        steps = tmp_path / "straight-steps"
+        steps.mkdir()
+        straight = ddpflow.run(
+            client,
+            recorded_fit,
+            str(steps),
+            str(tmp_path / "no-pause"),
+            True,
+            world_size=3,
+            checkpoint_dir=str(tmp_path / "straight-checkpoints"),
+        )
+    assert line.error is None, line.error
+    assert [(r.old_size, r.new_size) for r in line.resizes] == [(2, 3)]
+    assert grown["world_size"] == straight["world_size"] == 3
+    # Equal up to the order in which gloo sums the ranks' gradients.
+    for mine, theirs in zip(grown["weights"], straight["weights"], strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
     _assert_each_sample_once_per_epoch(tmp_path)
 
 

@@ -16,11 +16,14 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import distributed
 import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+import ddpflow
 from ddpflow.distributed.elastic import launch_with_restarts
+from ddpflow.distributed.launcher import RANK_KEY_PREFIX
 from ddpflow.workloads.vision.digits import write_digits
 from infra import netns
 from tests.integration.charlm_runs import (
@@ -32,6 +35,8 @@ from tests.integration.charlm_runs import (
     wait_for_checkpoint,
 )
 from tests.integration.conftest import REPO, project_env, run_flow
+from tests.integration.grow_functions import EPOCHS as GROW_EPOCHS
+from tests.integration.grow_functions import SAMPLES, recorded_fit, samples_by_epoch
 from tests.integration.multihost import (
     BUCKET,
     MultiHost,
@@ -236,3 +241,84 @@ def test_an_mlflow_url_only_the_head_node_reaches_stops_in_preflight(restored, t
         code, output = finish(proc, timeout_s=300)
     assert_stopped_in_preflight(restored, tmp_path, output, code)
     assert f"2 of 2 Dask workers cannot reach MLflow tracking server {local_url}" in output
+
+
+def test_a_third_host_that_joins_mid_run_grows_the_group_onto_it(restored, tmp_path):
+    """Host c comes up while a ddpflow.run() training runs with 2 ranks on hosts a and b and
+    max_workers=3: once c's worker has stayed the settle time, the group takes a step
+    checkpoint and relaunches with 3 ranks, one on c, in the same MLflow run and spending no
+    restart (max_restarts=0 would fail the run otherwise). The training
+    (tests/integration/grow_functions.py) steps slowly until the group grew."""
+    steps, pause = tmp_path / "steps", tmp_path / "pause"
+    steps.mkdir()
+    pause.touch()
+    stepping, gave_up = threading.Event(), threading.Event()
+    resizes: list[ddpflow.Resize] = []
+    restarts: list[ddpflow.Restart] = []
+    third: dict[str, str] = {}  # c's IP and when its worker registered
+    errors: list[BaseException] = []
+
+    def on_event(progress: ddpflow.Progress) -> None:
+        if progress.step:
+            stepping.set()
+
+    def on_resize(resize: ddpflow.Resize) -> None:
+        resizes.append(resize)
+        pause.unlink(missing_ok=True)  # the rest at full speed
+
+    def bring_up_host_c() -> None:
+        try:
+            assert stepping.wait(120), "the training never stepped"
+            if not gave_up.is_set():
+                third["ip"] = restored.add_host("c", workers=1)
+                third["joined_at"] = str(time.monotonic())
+        except BaseException as error:  # noqa: BLE001 - reported by the test's thread
+            errors.append(error)
+
+    driver = threading.Thread(target=bring_up_host_c, daemon=True)
+    driver.start()
+    try:
+        with restored.client() as client, distributed.get_task_stream(client) as stream:
+            ddpflow.run(
+                client, recorded_fit, str(steps), str(pause),
+                min_workers=2, max_workers=3, settle_s=5.0, max_restarts=0,
+                checkpoint_dir=str(tmp_path / "checkpoints"),
+                tracking_uri=restored.mlflow_url, experiment="grow-onto-a-third-host",
+                on_event=on_event, on_resize=on_resize, on_restart=restarts.append,
+            )  # fmt: skip
+            finished = time.monotonic()
+            with restored.client() as c_client:
+                a_b_c = {restored.worker_on(c_client, h) for h in ("a", "b", "c")}
+    finally:
+        gave_up.set()
+        stepping.set()
+        driver.join(timeout=150)
+        if "c" in restored.workers_per_host:
+            restored.remove_host("c")
+    assert not errors, errors
+    assert "ip" in third, "host c never came up"
+    assert restarts == [], "the grow spent no restart"
+    (resize,) = resizes
+    assert (resize.old_size, resize.new_size, resize.reason) == (2, 3, "joined")
+    (joiner,) = resize.workers
+    assert joiner.startswith(f"tcp://{third['ip']}:"), f"{joiner} is not c's worker"
+    assert finished > float(third["joined_at"]), "c joined before the training ended"
+    # The grown group's ranks (the tasks that finished: the first group's stopped with an
+    # error) ran one on each host's worker, c's among them.
+    ranks = {t["key"]: t["worker"] for t in stream.data if t["status"] == "OK"}
+    ranks = {k: w for k, w in ranks.items() if k.startswith(RANK_KEY_PREFIX)}
+    assert sorted(ranks.values()) == sorted(a_b_c) and joiner in a_b_c, ranks
+    assert len({k.rsplit("-", 1)[1] for k in ranks}) == 1, "one launch's ranks"
+    client = MlflowClient(restored.mlflow_url)
+    experiment = client.get_experiment_by_name("grow-onto-a-third-host")
+    (run,) = client.search_runs([experiment.experiment_id])  # one run over both groups
+    assert run.info.status == "FINISHED"
+    assert "ddpflow.restarts" not in run.data.tags
+    sizes = sorted(client.get_metric_history(run.info.run_id, "world_size"), key=lambda m: m.step)
+    assert [m.value for m in sizes] == [2.0, 3.0]
+    logged = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
+    assert logged == list(range(1, logged[-1] + 1)), "each training step logged once"
+    epochs = samples_by_epoch(str(steps))
+    assert len(epochs) == GROW_EPOCHS
+    for number, seen in enumerate(epochs, start=1):
+        assert sorted(seen) == list(range(SAMPLES)), f"epoch {number}: each sample exactly once"
