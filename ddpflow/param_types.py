@@ -78,6 +78,13 @@ MaxWorkers = Annotated[
     int | None,
     Field(ge=1, description="most ranks the group grows to as workers join; unset: no growing"),
 ]
+GlobalBatch = Annotated[
+    bool,
+    Field(
+        description="batch_size is the group's batch per step, the same on any world size "
+        "(off: per rank, so the group's grows with the world size)"
+    ),
+]
 ModelName = Annotated[str, Field(min_length=1, description="MLflow registered model")]
 Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]
 # Speed settings (ddpflow.training.speed.device): "auto" picks per device on each rank (fp32, no

@@ -180,6 +180,7 @@ def charlm_job(
         speed=SpeedSettings(params.precision, pin_memory=params.pin_memory, compile=params.compile),
         checkpoint_every_steps=params.checkpoint_every_steps,
         checkpoint_every_s=params.checkpoint_every_s,
+        global_batch=params.global_batch,
     )
 
 

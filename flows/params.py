@@ -39,6 +39,7 @@ from ddpflow.param_types import (
     Epochs,
     Experiment,
     Fraction,
+    GlobalBatch,
     HiddenSize,
     KeepLast,
     LearningRate,
@@ -135,8 +136,10 @@ class CharLMParams(_Params):
     source: Name = Field(description=SOURCE_HELP)
     epochs: Epochs
     batch_size: BatchSize = Field(
-        description="samples per rank per step (global batch: batch_size x world_size)"
+        description="samples per rank per step (global batch: batch_size x world_size), or "
+        "the group's per step with global_batch"
     )
+    global_batch: GlobalBatch = TRAIN_CHARLM["global_batch"]
     lr: LearningRate
     hidden_size: HiddenSize
     num_layers: NumLayers
@@ -167,6 +170,9 @@ class CharLMParams(_Params):
     @model_validator(mode="after")
     def _world_bounds_fit(self) -> CharLMParams:
         check_world_bounds(self.world_size, self.min_workers, self.max_workers)
+        check_global_batch_fits(
+            self.global_batch, self.batch_size, self.world_size, self.max_workers
+        )
         return self
 
 
@@ -227,6 +233,18 @@ class ScalingParams(_Params):
     )
 
 
+def check_global_batch_fits(
+    global_batch: bool, batch_size: int, world_size: int | None, max_workers: int | None
+) -> None:
+    """A global batch gives each rank at least one sample a step, on the largest group."""
+    largest = max(world_size or 1, max_workers or 1)
+    if global_batch and batch_size < largest:
+        raise ValueError(
+            f"global_batch with batch_size={batch_size} cannot give each of {largest} ranks "
+            f"(world_size / max_workers) a sample a step: raise batch_size to {largest} or more"
+        )
+
+
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:
     try:
         return model(**values)
@@ -263,7 +281,10 @@ class ImageParams(_Params):
     resize: Literal["crop", "stretch"] = Field(description="how an image becomes square")
     val_fraction: Fraction = Field(description="share of each class held out for validation")
     epochs: Epochs
-    batch_size: BatchSize = Field(description="images per rank per step")
+    batch_size: BatchSize = Field(
+        description="images per rank per step (the group's per step with global_batch)"
+    )
+    global_batch: GlobalBatch = TRAIN_IMAGES["global_batch"]
     lr: LearningRate = Field(description="base learning rate, multiplied by the world size")
     optimizer: Literal["adam", "sgd"] = Field(description="adam or sgd (momentum 0.9)")
     lr_patience: int = Field(
@@ -312,4 +333,7 @@ class ImageParams(_Params):
     @model_validator(mode="after")
     def _world_bounds_fit(self) -> ImageParams:
         check_world_bounds(self.world_size, self.min_workers, self.max_workers)
+        check_global_batch_fits(
+            self.global_batch, self.batch_size, self.world_size, self.max_workers
+        )
         return self

@@ -232,6 +232,7 @@ def image_job(
         ),
         checkpoint_every_steps=params.checkpoint_every_steps,
         checkpoint_every_s=params.checkpoint_every_s,
+        global_batch=params.global_batch,
     )
 
 

@@ -90,13 +90,15 @@ def hosts(names: Sequence[str], subnet: int | None = None) -> Iterator[Hosts]:
         _ip("addr", "add", f"{made.bridge_address}/24", "dev", made.bridge)
         _ip("link", "set", made.bridge, "up")
         for index, name in enumerate(names):
-            _add_host(made, name, f"ddpf{tag}-{name}", f"10.{octet}.0.{index + 2}", tag, index)
+            add_host(made, name, f"ddpf{tag}-{name}", f"10.{octet}.0.{index + 2}", tag, index)
         yield made
     finally:
         _remove(made)
 
 
-def _add_host(made: Hosts, name: str, namespace: str, address: str, tag: str, index: int) -> None:
+def add_host(made: Hosts, name: str, namespace: str, address: str, tag: str, index: int) -> None:
+    """One more namespace `name` at `address` on `made`'s bridge (`index` names its veth
+    pair); removed with the others at exit."""
     inner, outer = f"dv{tag}{index}", f"dh{tag}{index}"  # veth names: 15 characters at most
     _ip("netns", "add", namespace)
     made.namespace[name] = namespace

@@ -101,7 +101,7 @@ class NetnsCluster:
         octet = hosts.bridge_address.split(".")[1]
         index = max(int(a.rsplit(".", 1)[1]) for a in hosts.address.values()) - 1  # the next
         address = f"10.{octet}.0.{index + 2}"
-        netns._add_host(hosts, name, f"ddpf{tag}-{name}", address, tag, index)
+        netns.add_host(hosts, name, f"ddpf{tag}-{name}", address, tag, index)
         self.workers_per_host[name] = workers
         self.start_workers(name)
         prefix = f"tcp://{address}:"

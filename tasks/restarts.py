@@ -11,10 +11,11 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.events import emit_event
 
 from ddpflow.api import rank_entry
+from ddpflow.cluster.growing import ask_for_workers
 from ddpflow.config import LaunchSettings
 from ddpflow.distributed.elastic import Resize, Restart, launch_with_restarts
 from ddpflow.distributed.progress import line_subscriber
-from ddpflow.integrations.prefect.flow_client import current_dask_client
+from ddpflow.integrations.prefect.flow_client import current_dask_client, flow_started_cluster
 from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact, progress_artifact
 from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
@@ -82,6 +83,10 @@ def train_ddp(
     """
     run: RunRef = job.run
     client = current_dask_client()
+    cluster = flow_started_cluster() if max_workers is not None else None
+    if cluster is not None:  # a cluster the flow started grows as the training may
+        asked = ask_for_workers(cluster, max_workers)
+        get_run_logger().info("max_workers=%d: %s", max_workers, asked)
     with progress_artifact(workload.progress_key, "DDP training") as artifact:
         results, restarts = launch_with_restarts(
             client,

@@ -143,7 +143,16 @@ class CheckpointClock:
         time_due, stop = (bool(v) for v in self._agree(torch.tensor([late, asked is not None])))
         if not stop:
             return due or time_due, None
-        return True, asked or "another worker of the group was asked to stop"
+        return True, asked or graceful_stop.PEER_STOP_CAUSE
+
+    def stop_requested(self) -> str | None:
+        """Why the group stops now, or None: any rank's request is everyone's. A collective:
+        every rank calls it at the same point (fit: after each epoch's checkpoint)."""
+        import torch
+
+        asked = graceful_stop.stop_reason()
+        stop = bool(self._agree(torch.tensor([asked is not None]))[0])
+        return (asked or graceful_stop.PEER_STOP_CAUSE) if stop else None
 
     def _agree(self, flags: torch.Tensor) -> torch.Tensor:
         import torch

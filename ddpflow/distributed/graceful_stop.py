@@ -52,6 +52,8 @@ STOP_CAUSE = "asked to stop ("
 SIGTERM_CAUSE = f"{STOP_CAUSE}SIGTERM)"
 WORKER_CLOSING_CAUSE = f"{STOP_CAUSE}its worker is closing: retire_workers or its nanny)"
 NANNY_CLOSING_CAUSE = f"{STOP_CAUSE}its nanny is closing: SIGTERM to dask worker or a shutdown)"
+# The stop reason of a rank that was not asked itself: its group agreed on a peer's request.
+PEER_STOP_CAUSE = "another worker of the group was asked to stop"
 # The Dask event topic of stops that no rank result can report (the worker was removed).
 STOP_TOPIC = "ddpflow-graceful-stop"
 POLL_S = 0.1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import distributed
 
 from ddpflow.distributed import graceful_stop
+from ddpflow.distributed.graceful_stop import PEER_STOP_CAUSE
 from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.distributed.supervision import cluster_workers
 
@@ -33,7 +34,6 @@ log = logging.getLogger(__name__)
 POLL_S = 1.0
 # In the stop reason a grow gives the ranks, and so in every rank's StopRequested.
 GROW_CAUSE = "the group grows ("
-PEER_STOP_CAUSE = "another worker of the group was asked to stop"
 
 
 @dataclass

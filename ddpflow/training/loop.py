@@ -171,6 +171,12 @@ def fit(
                 save_checkpoint(stats.epoch)
         clock.written()
         ctx.heartbeat()  # validation and the checkpoint write are done
+        # A stop asked for during the epoch (a leaving worker, a grow) is taken here too: an
+        # epoch shorter than a control interval has no control step inside it.
+        if epoch + 1 < plan.epochs and (stop := clock.stop_requested()) is not None:
+            raise StopRequested(
+                f"{stop}; the group checkpointed at the end of epoch {epoch + 1} and resumes there"
+            )
     return history
 
 

@@ -21,6 +21,7 @@ class WorkloadJob(Protocol):
     log_every_steps: int
     checkpoint_every_steps: int
     checkpoint_every_s: float
+    global_batch: bool
 
 
 def fit_job(ctx: TrainContext, job: WorkloadJob, **fit_args: Any) -> TrainResult:
@@ -35,6 +36,7 @@ def fit_job(ctx: TrainContext, job: WorkloadJob, **fit_args: Any) -> TrainResult
             log_every_steps=job.log_every_steps,
             checkpoint_every_steps=job.checkpoint_every_steps,
             checkpoint_every_s=job.checkpoint_every_s,
+            global_batch=job.global_batch,
             **fit_args,
         )
     latest = ctx.latest_checkpoint if ctx.is_main else None

@@ -298,6 +298,7 @@ def test_a_third_host_that_joins_mid_run_grows_the_group_onto_it(restored, tmp_p
     assert not errors, errors
     assert "ip" in third, "host c never came up"
     assert restarts == [], "the grow spent no restart"
+    assert len(resizes) == 1, f"one resize expected, got {resizes}"
     (resize,) = resizes
     assert (resize.old_size, resize.new_size, resize.reason) == (2, 3, "joined")
     (joiner,) = resize.workers

@@ -4,9 +4,9 @@ integration tier runs them on real joining workers (integration/test_elastic_gro
 
 from __future__ import annotations
 
+from ddpflow.distributed.graceful_stop import PEER_STOP_CAUSE
 from ddpflow.distributed.growth import (
     GROW_CAUSE,
-    PEER_STOP_CAUSE,
     JoinTracker,
     grow_target,
     is_grow_stop,

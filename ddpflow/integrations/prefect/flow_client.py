@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import distributed
+from distributed.deploy import Cluster
 from prefect.context import FlowRunContext
 from prefect_dask import DaskTaskRunner
 
@@ -17,3 +18,13 @@ def current_dask_client() -> distributed.Client:
     if context is None or not isinstance(context.task_runner, DaskTaskRunner):
         raise RuntimeError("current_dask_client() must be called inside a flow on a DaskTaskRunner")
     return context.task_runner.client
+
+
+def flow_started_cluster() -> Cluster | None:
+    """The cluster the running flow's task runner started (local, cuda, jobqueue,
+    kubernetes), or None when it connected to one by address (someone else's to size)."""
+    context = FlowRunContext.get()
+    runner = context.task_runner if context is not None else None
+    if not isinstance(runner, DaskTaskRunner) or runner.address is not None:
+        return None
+    return runner._cluster  # prefect-dask keeps no public handle on the cluster it started

@@ -34,6 +34,8 @@ class CharLMTrainJob:
     # Checkpoints inside an epoch (ddpflow.checkpoint.steps); 0 turns a trigger off.
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
+    # batch_size is the group's batch per step, whatever the world size (ddpflow.fit).
+    global_batch: bool = False
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""

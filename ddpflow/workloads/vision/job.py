@@ -27,8 +27,8 @@ class ImageTrainJob:
     model: ImageModelConfig
     weights_uri: str | None  # a state_dict checked by resolve_weights, or None
     epochs: int
-    batch_size: int  # per rank
-    lr: float  # base lr: each run uses lr * world_size (linear scaling)
+    batch_size: int  # per rank; the group's with global_batch
+    lr: float  # base lr: lr * world_size (linear scaling), or as it is with global_batch
     optimizer: Optimizer
     lr_patience: int
     seed: int
@@ -41,6 +41,8 @@ class ImageTrainJob:
     # Checkpoints inside an epoch (ddpflow.checkpoint.steps); 0 turns a trigger off.
     checkpoint_every_steps: int = 0
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
+    # batch_size is the group's batch per step, whatever the world size (ddpflow.fit).
+    global_batch: bool = False
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""

@@ -76,8 +76,9 @@ def _build(ctx: TrainContext, job: ImageTrainJob) -> _Trainer:
     speed.check_runs(model, *probe)
     ddp_model = ctx.wrap(model)
     speed.compile_model(ddp_model)
-    # Linear scaling: the global batch is batch_size * world_size, so is the step.
-    lr = job.lr * ctx.world_size
+    # Linear scaling: the global batch is batch_size * world_size, so is the step. A global
+    # batch is the same on any world size: so is its learning rate.
+    lr = job.lr if job.global_batch else job.lr * ctx.world_size
     optimizer = make_optimizer(job.optimizer, trainable_parameters(model), lr)
     # Stepped with the all-reduced validation loss, so every rank takes the same decision.
     scheduler = ReduceLROnPlateau(optimizer, mode="min", patience=job.lr_patience)
