@@ -375,3 +375,53 @@ def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(cluster, 
     assert [p[0] for p in metric_points(tmp_path, "val_loss")] == [1, 2], "each epoch once"
     _, row = assert_restart_recorded(cluster, tmp_path)
     assert row[1] == "1", "the relaunch ran one rank"
+
+
+def _prefect_post(url: str, path: str, body: dict) -> list[dict]:
+    response = httpx.post(f"{url}{path}", json=body, timeout=30)
+    response.raise_for_status()
+    found = response.json()
+    return found["events"] if isinstance(found, dict) else found
+
+
+# docs/fault-tolerance.md "Growing": a flow with --max-workers asks the cluster it started for
+# that many workers, and grows onto the one that joins: a log line, a Prefect event, a note
+# on the progress artifact and the world_size metric say so.
+def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(cluster, tmp_path):
+    env = {
+        **{k: v for k, v in cluster["env"].items() if k != "DDPFLOW_DASK_ADDRESS"},
+        "DDPFLOW_DASK_WORKERS": "2",  # the flow's own LocalCluster starts with 2
+        "DDPFLOW_GROW_SETTLE_S": "2",
+    }
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = ["--epochs", "6", "--world-size", "2", "--max-workers", "3"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        cwd=tmp_path,
+        env={**project_env(tmp_path), **env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    code, output = finish(proc)
+    assert code == 0, output[-4000:]
+    assert "max_workers=3: scaled the cluster to 3 workers" in output
+    line = re.search(r"world size 2 -> 3 \(joined: (tcp|tls)://127\.0\.0\.1:\d+\)", output)
+    assert line, output[-4000:]
+    assert [value for _, value in metric_points(tmp_path, "world_size")] == [2.0, 3.0]
+    _, run = the_run(tmp_path)
+    assert "ddpflow.restarts" not in run.data.tags, "a grow is not a restart"
+    url = cluster["prefect_url"]
+    deadline = time.monotonic() + 60
+    events: list[dict] = []
+    while not events and time.monotonic() < deadline:  # the server persists events in batches
+        wanted = {"event": {"name": ["ddpflow.training.resized"]}, "resource": {
+            "id": [f"ddpflow.mlflow-run.{run.info.run_id}"]}}  # fmt: skip
+        events = _prefect_post(url, "/events/filter", {"filter": wanted})
+        time.sleep(1)
+    assert [(e["payload"]["old_size"], e["payload"]["new_size"], e["payload"]["reason"])
+            for e in events] == [(2, 3, "joined")]  # fmt: skip
+    progress = _prefect_post(
+        url, "/artifacts/filter", {"artifacts": {"key": {"any_": ["charlm-progress"]}}}
+    )
+    assert any(line.group(0) in (a.get("description") or "") for a in progress), progress

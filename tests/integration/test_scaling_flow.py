@@ -143,8 +143,13 @@ def test_the_table_is_a_prefect_artifact_with_efficiency(workload) -> None:
     assert [r["world_size"] for r in rows] == [1, 2]
     one, two = rows
     assert one["efficiency"] == pytest.approx(1.0)
-    expected = two["samples_per_s"] / (2 * one["samples_per_s"])
-    assert two["efficiency"] == pytest.approx(expected, abs=0.002)
+    # The table shows rates to 0.1 and efficiency to 0.001, computed from the exact rates:
+    # the shown efficiency lies within what the shown rates allow (at the image workload's
+    # ~10 samples/s, a fixed tolerance of 0.002 was not enough).
+    rate_1, rate_2 = one["samples_per_s"], two["samples_per_s"]
+    lowest = (rate_2 - 0.05) / (2 * (rate_1 + 0.05)) - 0.0005
+    highest = (rate_2 + 0.05) / (2 * (rate_1 - 0.05)) + 0.0005
+    assert lowest <= two["efficiency"] <= highest, (rate_1, rate_2, two["efficiency"])
     assert {r["run_id"] for r in rows} == {c.info.run_id for c in scaled["children"].values()}
     for row in rows:
         assert row["status"] == "completed" and row["samples_per_s"] > 0 and row["wall_s"] > 0
