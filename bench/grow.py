@@ -35,7 +35,7 @@ from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervision import cluster_workers
 
 RESULTS = Path(__file__).with_name("results") / "latest.json"
-FEATURES, HIDDEN, CLASSES = 64, 256, 10
+FEATURES, HIDDEN, CLASSES = 64, 1024, 10
 BATCH_SIZE = 64  # per rank
 SKIP_STEPS = 10  # the first steps of an attempt: warm-up, not the steady rate
 
@@ -126,9 +126,9 @@ def measure(settle_s: float, samples: int, epochs: int, steady_steps: int) -> di
             time.sleep(0.05)
         arrived = time.time()
         trainer.join()
+        steps = _steps(log)  # before the folder goes
     if "error" in outcome:
         raise outcome["error"]
-    steps = _steps(log)
     first = {w: next((t for t, s in steps if s == w), float("nan")) for w in (2, 3)}
     if outcome.get("world_size") != 3:
         raise RuntimeError(
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     settle_s = args.settle_s if args.settle_s is not None else (3.0 if args.quick else 10.0)
-    samples, epochs, steady = (16_384, 3, 60) if args.quick else (65_536, 3, 200)
+    samples, epochs, steady = (32_768, 6, 60) if args.quick else (65_536, 6, 200)
     load_before = load_average()
     found = measure(settle_s, samples, epochs, steady)
     rows = results(found, settle_s)
