@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import signal
@@ -13,6 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,3 +152,31 @@ def command_line(module: str, doc: str | None, quick: str | None = None) -> argp
     if quick is not None:
         parser.add_argument("--quick", action="store_true", help=quick)
     return parser
+
+
+LATEST = Path(__file__).with_name("results") / "latest.json"
+
+
+def record_entry(
+    key: str,
+    command: str,
+    load_before: tuple[float, float, float],
+    results: list[Result],
+    started: float | None = None,
+    **more: Any,
+) -> None:
+    """Write entry `key` of results/latest.json (the file's other entries are kept): the
+    command, the date (`started`, a time.time(), or now), the machine, the load before and
+    after, the rows and `more`."""
+    report = json.loads(LATEST.read_text()) if LATEST.exists() else {}
+    report[key] = {
+        "command": command,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
+        "machine": machine(),
+        "load_before": load_before,
+        "load_after": load_average(),
+        **more,
+        "results": [r.as_dict() for r in results],
+    }
+    LATEST.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"written to {LATEST} ({key})")

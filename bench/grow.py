@@ -30,11 +30,10 @@ import torch
 from torch import nn
 
 import ddpflow
-from bench.common import Result, command_line, load_average, machine, print_results
+from bench.common import Result, command_line, load_average, print_results, record_entry
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervision import cluster_workers
 
-RESULTS = Path(__file__).with_name("results") / "latest.json"
 FEATURES, HIDDEN, CLASSES = 64, 1024, 10
 BATCH_SIZE = 64  # per rank
 SKIP_STEPS = 10  # the first steps of an attempt: warm-up, not the steady rate
@@ -189,18 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     rows = results(found, settle_s)
     print_results("growing a running training from 2 to 3 ranks", rows)
     if args.record:
-        report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        report["grow"] = {
-            "command": "python -m bench.grow" + (" --quick" if args.quick else ""),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(),
-            "load_before": load_before,
-            "load_after": load_average(),
-            "measured": found,
-            "results": [r.as_dict() for r in rows],
-        }
-        RESULTS.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"written to {RESULTS} (grow)")
+        command = "python -m bench.grow" + (" --quick" if args.quick else "")
+        record_entry("grow", command, load_before, rows, measured=found)
 
 
 if __name__ == "__main__":

@@ -33,14 +33,13 @@ the mean of the two, so load that drifts steadily during the run favours neither
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.common import Result, command_line, load_average, machine, print_results
+from bench.common import Result, command_line, load_average, print_results, record_entry
 from bench.launch_runs import QUICK_NAMES, run_flow, run_torchrun, run_warm, source_file
 from bench.launch_timing import BATCH_SIZE, WORLD_SIZE, Timeline
 
@@ -251,19 +250,8 @@ def record(
     """The rows, the machine, the date and the load, merged into results/latest.json."""
     from ddpflow.cluster.workers import WORKER_CONFIG
 
-    path = Path(__file__).resolve().parent / "results" / "latest.json"
-    report = json.loads(path.read_text()) if path.exists() else {}
-    report[key] = {
-        "command": " ".join(["python -m bench.launch", *argv[1:]]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
-        "machine": machine(),
-        "load_before": load_before,
-        "load_after": load_average(),
-        "worker_config": WORKER_CONFIG,
-        "results": [r.as_dict() for r in results],
-    }
-    path.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"written to {path} ({key})")
+    command = " ".join(["python -m bench.launch", *argv[1:]])
+    record_entry(key, command, load_before, results, started, worker_config=WORKER_CONFIG)
 
 
 if __name__ == "__main__":

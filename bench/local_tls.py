@@ -19,25 +19,22 @@ A figure is the median over rounds; the ratio is TLS / plain (time: > 1 is slowe
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
 
 import distributed
 
 from bench.common import (
     Result,
     load_average,
-    machine,
     median,
     print_results,
+    record_entry,
     stop_cleanly_on_sigterm,
 )
 from ddpflow.cluster.build import local_cluster
 
 WORKERS = 2
 PAYLOAD_MB = 16
-RESULTS = Path(__file__).with_name("results") / "latest.json"
 
 
 def _payload(size_mb: int) -> bytes:
@@ -122,17 +119,8 @@ def main(argv: list[str] | None = None) -> None:
     results = _results(measure(rounds, round_trips, transfers), round_trips)
     print_results("local cluster: TLS vs plain tcp://", results)
     if args.record:
-        report = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-        report["local_tls"] = {
-            "command": "python -m bench.local_tls" + (" --quick" if args.quick else ""),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "machine": machine(),
-            "load_before": load_before,
-            "load_after": load_average(),
-            "results": [r.as_dict() for r in results],
-        }
-        RESULTS.write_text(json.dumps(report, indent=1) + "\n")
-        print(f"written to {RESULTS} (local_tls)")
+        command = "python -m bench.local_tls" + (" --quick" if args.quick else "")
+        record_entry("local_tls", command, load_before, results)
 
 
 if __name__ == "__main__":
