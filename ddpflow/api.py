@@ -22,7 +22,13 @@ import distributed
 
 from ddpflow.config import DEFAULT_SETTLE_S
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.elastic import Resize, Restart, check_world_bounds, launch_with_restarts
+from ddpflow.distributed.elastic import (
+    Resize,
+    Restart,
+    check_settle,
+    check_world_bounds,
+    launch_with_restarts,
+)
 from ddpflow.distributed.launcher import cluster_workers
 from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
 from ddpflow.storage.redact import redact_url
@@ -89,8 +95,7 @@ def run(
     """
     check_inputs(client, train, args, world_size, max_restarts, keep_last, timeout_s)
     check_world_bounds(world_size, min_workers, max_workers)
-    if isinstance(settle_s, bool) or not isinstance(settle_s, int | float) or settle_s < 0:
-        raise ValueError(f"settle_s={settle_s!r} must be a number of seconds >= 0")
+    check_settle(settle_s)
     check_seed(seed)
     check_tracking(tracking_uri, experiment, run_id)
     check_callbacks(

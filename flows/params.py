@@ -56,7 +56,7 @@ from ddpflow.param_types import (
     WorldSize,
 )
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
-from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED
+from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED, check_global_batch_fits
 from ddpflow.workloads.vision.config import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE
 from ddpflow.workloads.vision.objects import MAX_IMAGE_MB
 from flows.defaults import TRAIN_CHARLM, TRAIN_IMAGES
@@ -170,9 +170,7 @@ class CharLMParams(_Params):
     @model_validator(mode="after")
     def _world_bounds_fit(self) -> CharLMParams:
         check_world_bounds(self.world_size, self.min_workers, self.max_workers)
-        check_global_batch_fits(
-            self.global_batch, self.batch_size, self.world_size, self.max_workers
-        )
+        _check_largest_group(self.global_batch, self.batch_size, self.world_size, self.max_workers)
         return self
 
 
@@ -233,16 +231,12 @@ class ScalingParams(_Params):
     )
 
 
-def check_global_batch_fits(
+def _check_largest_group(
     global_batch: bool, batch_size: int, world_size: int | None, max_workers: int | None
 ) -> None:
-    """A global batch gives each rank at least one sample a step, on the largest group."""
-    largest = max(world_size or 1, max_workers or 1)
-    if global_batch and batch_size < largest:
-        raise ValueError(
-            f"global_batch with batch_size={batch_size} cannot give each of {largest} ranks "
-            f"(world_size / max_workers) a sample a step: raise batch_size to {largest} or more"
-        )
+    """A global batch must feed each rank of the largest group the flow may run."""
+    if global_batch:
+        check_global_batch_fits(batch_size, max(world_size or 1, max_workers or 1))
 
 
 def validate_params(model: type[BaseModel], values: dict) -> BaseModel:
@@ -333,7 +327,5 @@ class ImageParams(_Params):
     @model_validator(mode="after")
     def _world_bounds_fit(self) -> ImageParams:
         check_world_bounds(self.world_size, self.min_workers, self.max_workers)
-        check_global_batch_fits(
-            self.global_batch, self.batch_size, self.world_size, self.max_workers
-        )
+        _check_largest_group(self.global_batch, self.batch_size, self.world_size, self.max_workers)
         return self

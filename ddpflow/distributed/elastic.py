@@ -131,8 +131,8 @@ def launch_with_restarts(
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
     check_world_bounds(world_size, min_workers, max_workers)
-    if max_workers is not None and settle_s < 0:
-        raise ValueError(f"settle_s={settle_s!r} must be >= 0 seconds")
+    if max_workers is not None:
+        check_settle(settle_s)
     restarts: list[Restart] = []
     size = world_size
     if max_workers is not None and world_size is None:
@@ -165,15 +165,14 @@ def launch_with_restarts(
             )
             return results, restarts
         except LaunchError as error:
-            if watch is not None and watch.target is not None:
-                watch.close()  # the grow's stop request is cleared before the relaunch
-                if is_grow_stop([f.cause for f in error.failures]):
-                    size = min(max_workers, max(len(watch.usable()), 1))
-                    log.warning("the group grows from %d to %d ranks", len(planned), size)
-                    if on_resize is not None:
-                        on_resize(Resize(len(planned), size, "joined", watch.joined))
-                    before_training = set()
-                    continue
+            grew = watch is not None and watch.target is not None
+            if grew and is_grow_stop([f.cause for f in error.failures]):
+                size = min(max_workers, max(len(watch.usable()), 1))
+                log.warning("the group grows from %d to %d ranks", len(planned), size)
+                if on_resize is not None:
+                    on_resize(Resize(len(planned), size, "joined", watch.joined))
+                before_training = set()
+                continue  # the `finally` clears the grow's stop request before the relaunch
             failed = [
                 f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
             ]
@@ -332,6 +331,12 @@ def _next_world_size(
             f"{wanted} were back within {timeout_s:g}s (DDPFLOW_HEAL_TIMEOUT_S); {allowed}, or "
             "find out why the workers did not come back"
         ) from None
+
+
+def check_settle(settle_s: object) -> None:
+    """ValueError naming a settle time that is not a number of seconds >= 0."""
+    if isinstance(settle_s, bool) or not isinstance(settle_s, int | float) or settle_s < 0:
+        raise ValueError(f"settle_s={settle_s!r} must be a number of seconds >= 0")
 
 
 def _elastic_size(

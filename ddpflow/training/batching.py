@@ -54,6 +54,16 @@ def epoch_batches(
     return [perm[lo:hi][rank::world_size] for lo, hi in spans]
 
 
+def check_global_batch_fits(batch_size: int, world_size: int) -> None:
+    """A global batch must give each of `world_size` ranks a sample a step (fit, and the
+    flows' parameters with their largest world size, check before any work)."""
+    if batch_size < world_size:
+        raise ValueError(
+            f"global_batch with batch_size={batch_size} cannot give each of {world_size} "
+            f"ranks a sample a step: raise batch_size to {world_size} or more"
+        )
+
+
 def step_sizes(
     num_samples: int, batch_size: int, world_size: int, start: int = 0, global_batch: bool = False
 ) -> list[int]:
@@ -72,11 +82,8 @@ def _spans(
             f"{num_samples} samples cannot be shared by {world_size} ranks; use more data "
             "or a smaller world_size"
         )
-    if global_batch and batch_size < world_size:
-        raise ValueError(
-            f"a global batch of batch_size={batch_size} cannot give each of {world_size} "
-            f"ranks a sample a step; raise batch_size to {world_size} or more"
-        )
+    if global_batch:
+        check_global_batch_fits(batch_size, world_size)
     left = max(0, num_samples - start)
     if left < world_size:
         return []

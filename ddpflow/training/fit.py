@@ -18,6 +18,7 @@ from torch import nn
 
 from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSchedule, EpochPosition
 from ddpflow.checkpoint.store import Stateful
+from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks, FitPlan
 from ddpflow.training.loop import fit as _fit_loop
@@ -115,11 +116,8 @@ HISTORY_INFO = "fit_history"  # the checkpoint's info value with the epochs' sta
 def check_global_batch(global_batch: object, batch_size: object, world_size: int) -> None:
     if not isinstance(global_batch, bool):
         raise ValueError(f"fit(global_batch={global_batch!r}) must be True or False")
-    if global_batch and isinstance(batch_size, int) and batch_size < world_size:
-        raise ValueError(
-            f"fit(batch_size={batch_size}, global_batch=True) cannot give each of "
-            f"{world_size} ranks a sample a step: raise batch_size to {world_size} or more"
-        )
+    if global_batch and isinstance(batch_size, int):
+        check_global_batch_fits(batch_size, world_size)
 
 
 def check_fit(

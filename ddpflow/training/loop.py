@@ -237,7 +237,7 @@ def _train_epoch(
     checkpoints: StepCheckpointer | None = None,
     speed: TrainSpeed | None = None,
     loss_fn: Loss | None = None,
-) -> tuple[float, int]:
+) -> tuple[float, int, int]:
     """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks;
     the global step after its last step). `first_step` is the global step it starts after."""
     speed = speed or TrainSpeed(device=ctx.device)
@@ -259,7 +259,7 @@ def _train_epoch(
         if resume_at.global_step is not None:
             first_step = resume_at.global_step - done
     end = done + len(batches)
-    global_batch = plan.batch_size if plan.global_batch else plan.batch_size * ctx.world_size
+    step_samples = plan.batch_size if plan.global_batch else plan.batch_size * ctx.world_size
     # With a global batch, each rank's loss is weighted by its share of the step's samples
     # (rank_samples * world_size / step_samples): DDP's mean over the ranks is then the mean
     # over the step's samples, as on any other world size, even where a rank has one more.
@@ -298,7 +298,7 @@ def _train_epoch(
         due, stop = checkpoints.clock.check(i + 1)
         if due:
             sums = gather_loss_sums(loss_sum, ctx.world_size, ctx.device)
-            samples = start + (i + 1 - done) * global_batch  # all steps but the last are full
+            samples = start + (i + 1 - done) * step_samples  # all steps but the last are full
             position = EpochPosition(
                 epoch, i + 1, samples, ctx.world_size, sums, window.state(), first_step + i + 1
             )

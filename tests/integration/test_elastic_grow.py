@@ -12,6 +12,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import distributed
@@ -75,23 +77,53 @@ def _join(cluster: distributed.LocalCluster, client: distributed.Client, n: int)
     return joiner
 
 
+Script = Callable[[distributed.LocalCluster, distributed.Client, "_Timeline"], None]
+
+
+@contextmanager
+def _cluster_driven_by(script: Script, line: _Timeline) -> Iterator[distributed.Client]:
+    """A LocalCluster of 2 and its client, while `script(cluster, client, line)` runs in a
+    thread beside the test's training; an error there is kept in `line.error`."""
+
+    def drive(cluster: distributed.LocalCluster, client: distributed.Client) -> None:
+        try:
+            script(cluster, client, line)
+        except BaseException as error:  # noqa: BLE001 - reported by the test's thread
+            line.error = error
+
+    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        driver = threading.Thread(target=drive, args=(cluster, client))
+        driver.start()
+        try:
+            yield client
+        finally:
+            driver.join(timeout=WAIT_S)
+
+
+def _join_and_stay(
+    cluster: distributed.LocalCluster, client: distributed.Client, line: _Timeline
+) -> None:
+    """Once the training steps (the first time; a later call, at once): a third worker
+    joins, and stays."""
+    assert line.stepping.wait(WAIT_S), "the training never stepped"
+    line.joiner = _join(cluster, client, 3)
+    line.joined_at = time.monotonic()
+
+
 def _visit_then_stay(
     cluster: distributed.LocalCluster, client: distributed.Client, line: _Timeline
 ) -> None:
     """Once the training steps: a third worker joins and leaves at once (within the settle
     time), then another joins and stays."""
-    try:
-        assert line.stepping.wait(WAIT_S), "the training never stepped"
-        _join(cluster, client, 3)
-        arrived = time.monotonic()
-        cluster.scale(2)
-        _wait_until(lambda: len(_workers(client)) == 2, "the visitor to leave")
-        line.visit_s = time.monotonic() - arrived
-        time.sleep(1.0)
-        line.joiner = _join(cluster, client, 3)
-        line.joined_at = time.monotonic()
-    except BaseException as error:  # noqa: BLE001 - reported by the test's thread
-        line.error = error
+    assert line.stepping.wait(WAIT_S), "the training never stepped"
+    _join(cluster, client, 3)
+    arrived = time.monotonic()
+    cluster.scale(2)
+    _wait_until(lambda: len(_workers(client)) == 2, "the visitor to leave")
+    line.visit_s = time.monotonic() - arrived
+    time.sleep(1.0)
+    _join_and_stay(cluster, client, line)
 
 
 def _run(client: distributed.Client, tmp_path: Path, line: _Timeline, *more, **kwargs) -> dict:  # noqa: ANN002, ANN003
@@ -137,14 +169,10 @@ def _assert_each_sample_once_per_epoch(tmp_path: Path) -> None:
 # group at the next step checkpoint; one that leaves within it changes nothing.
 def test_a_worker_that_joins_and_stays_grows_the_group_one_that_visits_does_not(tmp_path):
     line = _Timeline()
-    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
-        client.wait_for_workers(2, timeout=60)
-        driver = threading.Thread(target=_visit_then_stay, args=(cluster, client, line))
-        driver.start()
-        line.unpause_on_resize = tmp_path / "pause"  # the rest at full speed
+    line.unpause_on_resize = tmp_path / "pause"  # the rest at full speed
+    with _cluster_driven_by(_visit_then_stay, line) as client:
         # max_restarts=0: a grow that spent a restart would fail the run.
         finished = _run(client, tmp_path, line, max_restarts=0, on_restart=line.restarts.append)
-        driver.join(timeout=WAIT_S)
     assert line.error is None, line.error
     assert line.visit_s < SETTLE_S, "the visitor stayed too long for this test to mean anything"
     assert finished["world_size"] == 3
@@ -168,40 +196,31 @@ def _grow_then_kill(
 ) -> None:
     """A third worker joins and stays; a few steps after the group grew, it is SIGKILLed
     with its nanny closing (a lost host): nothing replaces it."""
-    try:
-        assert line.stepping.wait(WAIT_S), "the training never stepped"
-        line.joiner = _join(cluster, client, 3)
-        line.joined_at = time.monotonic()
-        _wait_until(lambda: line.resizes, "the group to grow")
-        # Past a step checkpoint at 3 ranks (one every 5 steps), so the larger size is on
-        # record before the kill: rank 2 writes a line per step.
-        _wait_until(
-            lambda: any(
-                len(p.read_text().splitlines()) >= 8 for p in line.steps_dir.glob("*-rank2.jsonl")
-            ),
-            "8 steps at 3 ranks",
-        )
-        (nanny,) = [n for n in cluster.workers.values() if n.worker_address == line.joiner]
-        pid = client.run(os.getpid, workers=[line.joiner])[line.joiner]
-        nanny.close_gracefully()  # it will not start a new worker process
-        os.kill(pid, signal.SIGKILL)
-    except BaseException as error:  # noqa: BLE001 - reported by the test's thread
-        line.error = error
+    _join_and_stay(cluster, client, line)
+    _wait_until(lambda: line.resizes, "the group to grow")
+    # Past a step checkpoint at 3 ranks (one every 5 steps), so the larger size is on
+    # record before the kill: rank 2 writes a line per step.
+    _wait_until(
+        lambda: any(
+            len(p.read_text().splitlines()) >= 8 for p in line.steps_dir.glob("*-rank2.jsonl")
+        ),
+        "8 steps at 3 ranks",
+    )
+    (nanny,) = [n for n in cluster.workers.values() if n.worker_address == line.joiner]
+    pid = client.run(os.getpid, workers=[line.joiner])[line.joiner]
+    nanny.close_gracefully()  # it will not start a new worker process
+    os.kill(pid, signal.SIGKILL)
 
 
 def test_grow_then_lose_goes_on_at_the_smaller_size_with_each_sample_once(tmp_path):
     line = _Timeline()
-    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
-        client.wait_for_workers(2, timeout=60)
-        driver = threading.Thread(target=_grow_then_kill, args=(cluster, client, line))
-        driver.start()
 
-        def restarted(restart: ddpflow.Restart) -> None:
-            line.restarts.append(restart)
-            (tmp_path / "pause").unlink(missing_ok=True)
+    def restarted(restart: ddpflow.Restart) -> None:
+        line.restarts.append(restart)
+        (tmp_path / "pause").unlink(missing_ok=True)
 
+    with _cluster_driven_by(_grow_then_kill, line) as client:
         finished = _run(client, tmp_path, line, max_restarts=1, on_restart=restarted)
-        driver.join(timeout=WAIT_S)
     assert line.error is None, line.error
     assert finished["world_size"] == 2
     assert [(r.old_size, r.new_size, r.reason) for r in line.resizes] == [
@@ -216,28 +235,13 @@ def test_grow_then_lose_goes_on_at_the_smaller_size_with_each_sample_once(tmp_pa
     _assert_each_sample_once_per_epoch(tmp_path)
 
 
-def _join_and_stay(
-    cluster: distributed.LocalCluster, client: distributed.Client, line: _Timeline
-) -> None:
-    try:
-        assert line.stepping.wait(WAIT_S), "the training never stepped"
-        line.joiner = _join(cluster, client, 3)
-        line.joined_at = time.monotonic()
-    except BaseException as error:  # noqa: BLE001 - reported by the test's thread
-        line.error = error
-
-
 # docs/fault-tolerance.md "Growing": with a global batch, the steps and their samples do not
 # depend on the world size, so a group that grew trains the model of a group that did not.
 def test_with_a_global_batch_a_grown_training_ends_with_the_weights_of_one_on_3_ranks(tmp_path):
     line = _Timeline()
     line.unpause_on_resize = tmp_path / "pause"
-    with local_cluster(2) as cluster, distributed.Client(cluster) as client:
-        client.wait_for_workers(2, timeout=60)
-        driver = threading.Thread(target=_join_and_stay, args=(cluster, client, line))
-        driver.start()
+    with _cluster_driven_by(_join_and_stay, line) as client:
         grown = _run(client, tmp_path, line, True, max_restarts=0)
-        driver.join(timeout=WAIT_S)
         steps = tmp_path / "straight-steps"
         steps.mkdir()
         straight = ddpflow.run(

@@ -39,7 +39,7 @@ class ProgressArtifact:
         self.key, self.title, self.min_interval_s = key, title, min_interval_s
         self.artifact_id: UUID | None = None
         self.latest: Progress | None = None
-        # The group's latest world-size change, shown after the progress (note()).
+        # The group's latest world-size change, shown after the progress (note_size()).
         self.size_note = ""
         self._pending: Progress | None = None
         self._lock = threading.Lock()
