@@ -295,6 +295,24 @@ class ImageParams(_Params):
         le=MAX_IMAGE_MB,
         description="cap per image file, MiB",
     )
+    data_layout: Literal["auto", "memory", "shards"] = Field(
+        default=TRAIN_IMAGES["data_layout"],
+        description="memory: every rank holds the formatted split; shards: formatted into "
+        "shards on the cluster, each rank streams its part; auto: shards above stream_above_mb",
+    )
+    stream_above_mb: float = Field(
+        default=TRAIN_IMAGES["stream_above_mb"],
+        gt=0,
+        description="with data_layout auto, the formatted size (MiB) above which ranks stream",
+    )
+    shard_mb: float = Field(
+        default=TRAIN_IMAGES["shard_mb"], gt=0, le=4096, description="formatted MiB per shard"
+    )
+    augment: AutoToggle = Field(
+        default=TRAIN_IMAGES["augment"],
+        description="random resized crop and flip of training images, new every epoch: auto "
+        "(on, but off for the digits demo: a mirrored digit is another shape), true or false",
+    )
     keep_last: KeepLast
     checkpoint_every_steps: CheckpointEverySteps = TRAIN_IMAGES["checkpoint_every_steps"]
     checkpoint_every_s: CheckpointEveryS = TRAIN_IMAGES["checkpoint_every_s"]

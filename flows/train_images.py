@@ -14,9 +14,12 @@ if __name__ == "__main__":
 
 from dataclasses import dataclass
 
+from prefect import unmapped
+
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
+from ddpflow.shards.index import is_index_uri
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import RunRef
@@ -38,9 +41,13 @@ from tasks.images import (
     INCOMPLETE_KEY,
     TRAINING,
     evaluate,
+    format_image_chunk,
     format_images,
+    index_image_shards,
+    plan_image_shards,
     prepare_digits,
     prepare_weights,
+    reuse_image_shards,
 )
 from tasks.inspection import describe_datasets
 from tasks.registration import register_trained
@@ -122,24 +129,54 @@ def prepare_images(
         digits = prepare_digits.submit(storage.join(settings.artifact_root, "data", "digits"))
         source = digits.result().uri
     spec = ImageSpec(params.image_size, params.resize)
-    data = format_images.submit(
-        source,
-        settings.artifact_root,
-        spec,
-        params.val_fraction,
-        params.seed,
-        params.max_bad_fraction,
-        params.max_image_mb,
-    ).result()
+    data = _format_as_shards(params, settings, source, spec)
+    if data is None:
+        data = format_images.submit(
+            source,
+            settings.artifact_root,
+            spec,
+            params.val_fraction,
+            params.seed,
+            params.max_bad_fraction,
+            params.max_image_mb,
+        ).result()
+    layout = "streamed from shards" if is_index_uri(data.train_uri) else "held in memory"
     print(
         f"images: {len(data.classes)} classes, {data.num_train} train / {data.num_val} "
-        f"validation, {len(data.bad)} unreadable file(s) skipped"
-        + (" (formatted tensors reused)" if data.reused else "")
+        f"validation, {len(data.bad)} unreadable file(s) skipped, {layout}"
+        + (" (formatted data reused)" if data.reused else "")
     )
     weights_uri = prepare_weights.submit(
         params.arch, params.weights, settings.artifact_root
     ).result()
     return source, data, weights_uri
+
+
+def _format_as_shards(
+    params: ImageParams, settings: Settings, source: str, spec: ImageSpec
+) -> FormattedImages | None:
+    """With data_layout shards (or auto over stream_above_mb formatted), the folder formatted
+    into shards by one task per chunk on the cluster's workers; None: hold it in memory."""
+    if params.data_layout == "memory":
+        return None
+    plan = plan_image_shards.submit(
+        source,
+        settings.artifact_root,
+        spec,
+        params.val_fraction,
+        params.seed,
+        params.max_image_mb,
+        params.shard_mb,
+    ).result()
+    if params.data_layout == "auto" and plan.formatted_mb <= params.stream_above_mb:
+        return None
+    stored = reuse_image_shards.submit(plan).result()
+    if stored is not None:
+        return stored
+    print(f"images: formatting {len(plan.chunks)} chunk(s) into shards on the cluster")
+    # One task run per chunk: the Prefect UI counts them as they finish.
+    results = format_image_chunk.map(unmapped(plan.target), plan.chunks)
+    return index_image_shards.submit(plan, results, params.max_bad_fraction).result()
 
 
 def start_images_run(
@@ -233,6 +270,10 @@ def image_job(
         checkpoint_every_steps=params.checkpoint_every_steps,
         checkpoint_every_s=params.checkpoint_every_s,
         global_batch=params.global_batch,
+        # "auto": on for a folder of the user's; the digits demo's 8 x 8 digits are not
+        # mirror-symmetric and lose their strokes to small crops (50 % after 2 epochs on,
+        # 91 % off, measured on 2 CPUs).
+        augment=params.augment is True or (params.augment == "auto" and params.source is not None),
     )
 
 

@@ -13,6 +13,16 @@ from ddpflow.workloads.vision.data import FormattedImages, ImageSpec, format_ima
 from ddpflow.workloads.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.workloads.vision.image_folder import describe_keys
 from ddpflow.workloads.vision.objects import DEFAULT_MAX_IMAGE_MB
+from ddpflow.workloads.vision.shard_format import (
+    ChunkResult,
+    ChunkTarget,
+    ImageChunk,
+    ShardPlan,
+    format_chunk,
+    index_shards,
+    plan_shards,
+    reusable,
+)
 from tasks.restarts import DDPWorkload, RankFunction
 
 if TYPE_CHECKING:
@@ -49,6 +59,11 @@ def format_images(
     result = format_image_folder(
         source, artifact_root, spec, val_fraction, seed, max_bad_fraction, max_image_mb
     )
+    _warn_bad(source, result)
+    return result
+
+
+def _warn_bad(source: str, result: FormattedImages) -> None:
     shown = redact_url(source)
     if result.bad:
         get_run_logger().warning(
@@ -63,6 +78,50 @@ def format_images(
             len(result.ignored),
             ", ".join(result.ignored[:10]) + (" ..." if len(result.ignored) > 10 else ""),
         )
+
+
+@task(name="plan-image-shards")
+def plan_image_shards(
+    source: str,
+    artifact_root: str,
+    spec: ImageSpec,
+    val_fraction: float,
+    seed: int,
+    max_image_mb: float,
+    shard_mb: float,
+) -> ShardPlan:
+    """List and split the folder and cut it into chunks, one shard each (shard_format)."""
+    return plan_shards(source, artifact_root, spec, val_fraction, seed, max_image_mb, shard_mb)
+
+
+@task(name="reuse-image-shards")
+def reuse_image_shards(plan: ShardPlan) -> FormattedImages | None:
+    """The stored shards of this format, when every one is still there."""
+    return reusable(plan)
+
+
+@task(name="format-image-chunk")
+def format_image_chunk(target: ChunkTarget, chunk: ImageChunk) -> ChunkResult:
+    """Decode one chunk of images on a worker and write it as one shard."""
+    return format_chunk(target, chunk)
+
+
+@task(name="index-image-shards")
+def index_image_shards(
+    plan: ShardPlan, results: list[ChunkResult], max_bad_fraction: float
+) -> FormattedImages:
+    """Check the unreadable share and the classes; write the split indexes and manifest."""
+    result = index_shards(plan, results, max_bad_fraction)
+    reused = sum(r.reused for r in results)
+    get_run_logger().info(
+        "%d shard(s) for %d train / %d validation images: %d written, %d reused",
+        len(results),
+        result.num_train,
+        result.num_val,
+        len(results) - reused,
+        reused,
+    )
+    _warn_bad(plan.target.root, result)
     return result
 
 

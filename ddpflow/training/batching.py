@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+
+    EpochOrder = Callable[[int, int], torch.Tensor]  # (seed, epoch) -> permutation
 
 # torch.Generator.manual_seed takes at most 2**64 - 1, and each epoch's order is seeded with
 # seed * SEED_STRIDE + epoch: MAX_SEED is the largest seed that fits for every epoch up to
@@ -25,6 +30,7 @@ def epoch_batches(
     epoch: int,
     start: int = 0,
     global_batch: bool = False,
+    order: EpochOrder | None = None,
 ) -> list[torch.Tensor]:
     """Index batches of one rank for one epoch.
 
@@ -43,15 +49,23 @@ def epoch_batches(
     ranks (some take one sample more when it does not divide): the steps, and the samples
     of each, are then those of any world size. (step_sizes gives each step's total, for
     weighting each rank's loss by its share.)
-    """
-    import torch  # lazy: the flow process imports this module and starts without torch
 
+    `order(seed, epoch)`: the epoch's permutation instead of a uniform one (a streamed
+    split's shard windows, ddpflow.shards.order); it must not depend on the world size.
+    """
     spans = _spans(num_samples, batch_size, world_size, start, global_batch)
     if not spans:
         return []
-    generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
-    perm = torch.randperm(num_samples, generator=generator)[start:]
+    perm = (order or partial(uniform_order, num_samples))(seed, epoch)[start:]
     return [perm[lo:hi][rank::world_size] for lo, hi in spans]
+
+
+def uniform_order(num_samples: int, seed: int, epoch: int) -> torch.Tensor:
+    """The epoch's permutation of range(num_samples) that epoch_batches deals by default."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed * SEED_STRIDE + epoch)
+    return torch.randperm(num_samples, generator=generator)
 
 
 def check_global_batch_fits(batch_size: int, world_size: int) -> None:

@@ -105,7 +105,7 @@ def fit(
     """
     hooks = hooks or FitHooks()
     history = [] if history is None else history
-    steps_per_epoch = len(_batches(len(train), plan, ctx, 0))
+    steps_per_epoch = len(_batches(train, plan, ctx, 0))
     progress = FitProgress(ctx, plan.epochs, steps_per_epoch)
     position = plan.resume_at
     if position is not None and position.epoch != plan.start_epoch:
@@ -206,10 +206,10 @@ def _log_epoch(logger: MetricLogger, stats: EpochStats) -> None:
 
 
 def _batches(
-    num_samples: int, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
+    data: Samples, plan: FitPlan, ctx: RankContext, epoch: int, start: int = 0
 ) -> list[torch.Tensor]:
     return epoch_batches(
-        num_samples,
+        len(data),
         plan.batch_size,
         ctx.rank,
         ctx.world_size,
@@ -217,6 +217,7 @@ def _batches(
         epoch,
         start,
         global_batch=plan.global_batch,
+        order=getattr(data, "epoch_order", None),  # samples.StreamedSamples
     )
 
 
@@ -250,7 +251,9 @@ def _train_epoch(
         loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
         if ctx.is_main:  # rank 0's window: the next log line averages the same steps
             window = StepWindow.from_state(resume_at.window)
-    batches = _batches(len(data), plan, ctx, epoch, start)
+    batches = _batches(data, plan, ctx, epoch, start)
+    if (start_epoch := getattr(data, "start_epoch", None)) is not None:
+        start_epoch(epoch, batches)  # samples.StreamedSamples
     if resume_at is not None:
         # Steps done, in this world size's steps (another size cuts the epoch differently):
         # the progress then reads "step k of steps_per_epoch" at the new size.

@@ -26,6 +26,20 @@ class Samples(Protocol):
         ...
 
 
+class StreamedSamples(Samples, Protocol):
+    """Samples that want to know the epoch ahead. Each method is optional, and fit() uses
+    the ones the data has: it draws the epoch's order from `epoch_order` (else a uniform
+    permutation), and announces the rank's batches with `start_epoch` before asking for them
+    in that order (a streamed split reads its shards ahead, ddpflow.shards.stream;
+    augmentation seeds itself with the epoch)."""
+
+    def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
+        """A permutation of range(len(self)) that depends on (seed, epoch) only."""
+        ...
+
+    def start_epoch(self, epoch: int, batches: list[torch.Tensor]) -> None: ...
+
+
 @dataclass(frozen=True)
 class TensorSamples:
     """The rows of one tensor, made into (inputs, targets) by `to_batch` (e.g. the pet-name

@@ -5,20 +5,22 @@ Every image is read and decoded once, resized to `image_size` and stored as uint
 decoding files every epoch: no per-item Dataset, no loader processes, no s3fs in forked
 children. The trade-off is memory: each rank holds its split, 3 * S * S bytes per image
 (3 KB at 32 px, 150 KB at 224 px), which suits folders up to a few GB formatted; larger
-ones need a streaming Dataset (see dataset.py). Like the char-LM's formatted corpus, the
-output is keyed by the folder's fingerprint and the format settings, and a rerun reuses it.
+ones are streamed from shards (ddpflow.workloads.vision.shard_format). Like the char-LM's
+formatted corpus, the output is keyed by the folder's fingerprint and the format settings,
+and a rerun reuses it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from PIL import Image
 
 from ddpflow import storage
+from ddpflow.shards.settings import StreamSettings
 from ddpflow.storage.redact import redact_url
 from ddpflow.workloads.vision.image_folder import (
     BadImage,
@@ -37,6 +39,8 @@ from ddpflow.workloads.vision.split import stratified_split
 # manifests must not be trusted, and the per-image size cap is part of the key.
 if TYPE_CHECKING:
     import torch
+
+    from ddpflow.training.samples import Samples
 
     Transform = Callable[[Image.Image], torch.Tensor]
 
@@ -164,12 +168,27 @@ def decode_all(
 ) -> tuple[list[str], list[torch.Tensor], list[int], list[BadImage]]:
     """Decode every sample in the main process; collect the unreadable ones with their keys."""
     labels_by_key = dict(index.samples)
-    keys: list[str] = []
-    images: list[torch.Tensor] = []
-    labels: list[int] = []
-    bad: list[BadImage] = []
     sample_keys = [k for k, _ in index.samples]
-    for key, data in read_objects(index.root, sample_keys, index.max_image_bytes, index.sizes):
+    keys, images, bad = decode_images(
+        index.root, sample_keys, index.max_image_bytes, index.sizes, transform, max_pixels
+    )
+    return keys, images, [labels_by_key[k] for k in keys], bad
+
+
+def decode_images(
+    root: str,
+    keys: Sequence[str],
+    max_bytes: int,
+    sizes: Mapping[str, int],
+    transform: Transform,
+    max_pixels: int,
+) -> tuple[list[str], list[torch.Tensor], list[BadImage]]:
+    """(decoded keys, their tensors, the unreadable ones with the reason) of `keys` under
+    `root`; a read that fails for another reason raises (objects.read_objects)."""
+    decoded: list[str] = []
+    images: list[torch.Tensor] = []
+    bad: list[BadImage] = []
+    for key, data in read_objects(root, keys, max_bytes, sizes):
         if isinstance(data, BadObject):
             bad.append(BadImage(key, data.reason))
             continue
@@ -179,10 +198,9 @@ def decode_all(
             # PIL raises these for truncated, corrupt and non-image bytes.
             bad.append(BadImage(key, f"{type(error).__name__}: {error}"[:200]))
             continue
-        keys.append(key)
+        decoded.append(key)
         images.append(tensor)
-        labels.append(labels_by_key[key])
-    return keys, images, labels, bad
+    return decoded, images, bad
 
 
 def _save(
@@ -206,3 +224,19 @@ def _save(
 def load_split(uri: str) -> ImageSplit:
     data = storage.load_torch(uri)
     return ImageSplit(images=data["images"], labels=data["labels"])
+
+
+def open_split(
+    uri: str, stream: StreamSettings | None = None, on_wait: Callable[[], None] | None = None
+) -> Samples:
+    """A formatted split: held in memory (a `.pt` file, format_image_folder) or streamed from
+    its shards (a `.shards.json` index, ddpflow.workloads.vision.shard_format) as `stream`
+    says, calling `on_wait` while a batch waits for its shard (ddpflow.shards.stream)."""
+    from ddpflow.shards.index import is_index_uri, read_index
+
+    if not is_index_uri(uri):
+        return load_split(uri)
+    from ddpflow.shards.stream import ShardStream
+
+    stream = stream or StreamSettings()
+    return ShardStream(read_index(uri), stream.window, stream.prefetch, on_wait)

@@ -17,7 +17,7 @@ from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.registry.serving import register_checkpoint_model
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.vision.config import ImageModelConfig, ModelConfigError
-from ddpflow.workloads.vision.data import load_split
+from ddpflow.workloads.vision.data import open_split
 from ddpflow.workloads.vision.metrics import confusion_matrix, predict
 from ddpflow.workloads.vision.model import ImageClassifier, build_resnet
 from ddpflow.workloads.vision.reports import (
@@ -72,15 +72,15 @@ def evaluate_checkpoint(
     """Loss, accuracy and confusion matrix of a checkpoint on the validation split."""
     torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
     model, config, epoch = load_model(checkpoint_uri)
-    val = load_split(val_uri)
-    logits = predict(model, val.images, batch_size)
+    val = open_split(val_uri)
+    logits, labels = predict(model, val, torch.arange(len(val)), batch_size)
     predictions = logits.argmax(1)
     return ImageEvalResult(
-        val_loss=F.cross_entropy(logits, val.labels).item(),
-        val_accuracy=(predictions == val.labels).float().mean().item(),
-        num_val=len(val.labels),
+        val_loss=F.cross_entropy(logits, labels).item(),
+        val_accuracy=(predictions == labels).float().mean().item(),
+        num_val=len(labels),
         classes=list(config.classes),
-        confusion=confusion_matrix(val.labels, predictions, config.num_classes),
+        confusion=confusion_matrix(labels, predictions, config.num_classes),
         checkpoint_uri=checkpoint_uri,
         epoch=epoch,
     )

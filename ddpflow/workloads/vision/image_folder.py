@@ -58,6 +58,9 @@ class ImageIndex:
     skipped: list[BadImage] = field(default_factory=list)  # image entries never read
     max_image_bytes: int = mb_to_bytes(DEFAULT_MAX_IMAGE_MB)
     sizes: dict[str, int] = field(default_factory=dict)  # listed size of each sample
+    # Each sample's version as listed (ETag on S3, mtime locally): with its size, what
+    # tells a rewritten file (shard_format keys its chunks with them).
+    versions: dict[str, str] = field(default_factory=dict)
 
     def uri(self, key: str) -> str:
         return storage.join(self.root, key)
@@ -112,7 +115,10 @@ def _build_index(
     ignored = [_with_problem(k, files[k]) for k in ordered if k not in image_set]
     fingerprint = _fingerprint(images, files)
     sizes = {k: int(files[k].get("size") or 0) for k in readable}
-    return ImageIndex(root, classes, samples, ignored, fingerprint, skipped, max_bytes, sizes)
+    versions = {k: _version(files[k]) for k in readable}
+    return ImageIndex(
+        root, classes, samples, ignored, fingerprint, skipped, max_bytes, sizes, versions
+    )
 
 
 def _with_problem(key: str, info: dict[str, Any]) -> str:
@@ -136,10 +142,13 @@ def _fingerprint(keys: list[str], files: dict[str, dict[str, Any]]) -> str:
     digest = hashlib.sha256()
     for key in keys:
         info = files[key]
-        # ETag on S3, mtime locally: a rewritten file of the same size still changes it.
-        version = info.get("ETag") or info.get("mtime") or ""
-        digest.update(f"{key}\0{info.get('size')}\0{version}\n".encode())
+        digest.update(f"{key}\0{info.get('size')}\0{_version(info)}\n".encode())
     return digest.hexdigest()
+
+
+def _version(info: dict[str, Any]) -> str:
+    # ETag on S3, mtime locally: a rewritten file of the same size still changes it.
+    return str(info.get("ETag") or info.get("mtime") or "")
 
 
 def pixel_limit(image_size: int) -> int:

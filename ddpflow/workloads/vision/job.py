@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
+from ddpflow.shards.settings import StreamSettings
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.settings import TrainSettings, workload_settings
 from ddpflow.training.speed.settings import PLAIN, SpeedSettings
@@ -43,6 +44,10 @@ class ImageTrainJob:
     checkpoint_every_s: float = DEFAULT_CHECKPOINT_EVERY_S
     # batch_size is the group's batch per step, whatever the world size (ddpflow.fit).
     global_batch: bool = False
+    # Random resized crop and flip of training images, seeded by (seed, epoch, sample).
+    augment: bool = False
+    # How a streamed (sharded) split is read (ddpflow.shards.stream).
+    stream: StreamSettings = StreamSettings()
 
     def train_settings(self) -> TrainSettings:
         """What every rank's TrainContext is made of (checkpoint folder, seed, MLflow run)."""

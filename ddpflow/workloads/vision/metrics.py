@@ -11,37 +11,43 @@ from torch import nn
 
 from ddpflow.distributed.context import RankContext
 from ddpflow.training.batching import shard
-from ddpflow.workloads.vision.data import ImageSplit
+from ddpflow.training.samples import Samples
 
 
 @torch.no_grad()
 def predict(
     model: nn.Module,
-    images: torch.Tensor,
+    split: Samples,
+    index: torch.Tensor,
     batch_size: int,
     on_batch: Callable[[], None] | None = None,
-) -> torch.Tensor:
-    """Logits for `images`, in eval mode, batch by batch (CPU result); `on_batch` is called
-    after each batch (a rank's heartbeat: a long validation is progress too)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits, labels) of the samples at `index`, in eval mode, batch by batch (CPU
+    results), each batch read through `split.batch` (in memory, or a streamed split's
+    shards); `on_batch` is called after each batch (a rank's heartbeat: a long validation
+    is progress too)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    logits = []
-    for chunk in images.split(batch_size):
-        logits.append(model(chunk.to(device))[0].cpu())
+    logits, labels = [], []
+    for chunk in index.split(batch_size):
+        images, targets = split.batch(chunk)
+        logits.append(model(images.to(device))[0].cpu())
+        labels.append(targets)
         if on_batch is not None:
             on_batch()
     model.train(was_training)
-    return torch.cat(logits) if logits else torch.empty(0)
+    if not logits:
+        return torch.empty(0), torch.empty(0, dtype=torch.int64)
+    return torch.cat(logits), torch.cat(labels)
 
 
 def evaluate_split(
-    model: nn.Module, split: ImageSplit, ctx: RankContext, batch_size: int
+    model: nn.Module, split: Samples, ctx: RankContext, batch_size: int
 ) -> dict[str, float]:
     """val_loss and val_accuracy over the whole split, each rank scoring its own shard."""
-    index = shard(len(split.labels), ctx.rank, ctx.world_size)
-    logits = predict(model, split.images[index], batch_size, on_batch=ctx.heartbeat)
-    labels = split.labels[index]
+    index = shard(len(split), ctx.rank, ctx.world_size)
+    logits, labels = predict(model, split, index, batch_size, on_batch=ctx.heartbeat)
     totals = torch.tensor(
         [
             F.cross_entropy(logits, labels, reduction="sum").item() if len(labels) else 0.0,

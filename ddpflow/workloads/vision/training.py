@@ -17,10 +17,12 @@ from ddpflow.distributed.context import RankContext
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks
 from ddpflow.training.result import TrainResult
+from ddpflow.training.samples import Samples
 from ddpflow.training.speed.device import TrainSpeed, announce, resolve_speed
 from ddpflow.training.speed.settings import SpeedError
 from ddpflow.workloads.fit_job import fit_job
-from ddpflow.workloads.vision.data import ImageSplit, load_split
+from ddpflow.workloads.vision.augment import AugmentedSamples
+from ddpflow.workloads.vision.data import open_split
 from ddpflow.workloads.vision.job import ImageTrainJob
 from ddpflow.workloads.vision.metrics import batch_accuracy, evaluate_split
 from ddpflow.workloads.vision.model import (
@@ -90,7 +92,11 @@ def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
     announce(built.speed, ctx)
-    train, val = load_split(job.train_uri), load_split(job.val_uri)
+    # A streamed split's batch that waits for its shard is still alive (the hang watch).
+    train = open_split(job.train_uri, job.stream, on_wait=ctx.heartbeat)
+    if job.augment:
+        train = AugmentedSamples(train, job.seed)
+    val = open_split(job.val_uri, job.stream, on_wait=ctx.heartbeat)
     extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
@@ -118,7 +124,7 @@ def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
     )
 
 
-def _evaluate(model: nn.Module, split: ImageSplit, ctx: RankContext, batch_size: int) -> dict:
+def _evaluate(model: nn.Module, split: Samples, ctx: RankContext, batch_size: int) -> dict:
     if ctx.world_size > 1:
         # BatchNorm running statistics drift apart between ranks within an epoch (DDP copies
         # rank 0's at the start of each forward, then every rank updates them with its own

@@ -1,0 +1,78 @@
+"""A split's shard index: the JSON file that lists its shards, in order, and their records.
+
+Sample i of the split is record i - start(s) of the shard s whose range holds i, shards in
+the order listed. The shards are in the folder `shards/` next to the index (a relative
+place, so a store copied or mounted elsewhere still reads). The index is written after its
+shards, last, so an index that exists lists shards that were complete; readers check each
+shard against it (shard_file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ddpflow import storage
+from ddpflow.shards.shard_file import ShardInfo
+
+INDEX_SUFFIX = ".shards.json"
+INDEX_VERSION = 1
+# An index lists one entry per shard (about 100 bytes): 64 MiB is over half a million shards.
+INDEX_MAX_BYTES = 64 * 2**20
+SHARDS_FOLDER = "shards"
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """The shards of one split, where they are, and the shape of one record."""
+
+    folder: str  # where the shards are: SHARDS_FOLDER next to the index
+    record_shape: tuple[int, ...]
+    shards: tuple[ShardInfo, ...]
+
+    def __len__(self) -> int:
+        return sum(s.count for s in self.shards)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    def uri(self, shard: ShardInfo) -> str:
+        return storage.join(self.folder, shard.name)
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "version": INDEX_VERSION,
+                "record_shape": list(self.record_shape),
+                "shards": [s.to_dict() for s in self.shards],
+            }
+        ).encode()
+
+
+def is_index_uri(uri: str) -> bool:
+    return uri.endswith(INDEX_SUFFIX)
+
+
+def shards_folder(index_uri: str) -> str:
+    return storage.join(index_uri.rsplit("/", 1)[0], SHARDS_FOLDER)
+
+
+def write_index(uri: str, index: ShardIndex) -> None:
+    if index.folder != shards_folder(uri):
+        raise ValueError(f"the index {uri} must list shards in {shards_folder(uri)}")
+    storage.write_bytes(uri, index.to_json())
+
+
+def read_index(uri: str) -> ShardIndex:
+    """The index at `uri`; ValueError naming it when it is not one this version reads."""
+    data = json.loads(
+        storage.read_bytes(uri, INDEX_MAX_BYTES, "pass the URI of a split's .shards.json index")
+    )
+    if data.get("version") != INDEX_VERSION:
+        raise ValueError(
+            f"{uri} is a shard index of version {data.get('version')!r}, not "
+            f"{INDEX_VERSION}: format the data again with this ddpflow"
+        )
+    shards = tuple(ShardInfo.from_dict(s) for s in data["shards"])
+    return ShardIndex(shards_folder(uri), tuple(data["record_shape"]), shards)

@@ -1,0 +1,146 @@
+"""One shard: fixed-size uint8 records and their int64 labels, named by their content digest.
+
+The layout is the records (count x record bytes) followed by the labels (count x 8 bytes,
+little-endian): a reader slices it with numpy, no parsing, no per-sample objects. Its length
+and CRC-32 are kept in the index, so a truncated or rewritten shard is caught when it is read,
+before any of its samples reaches a training step. The name is the SHA-256 of the content, so
+the same records write the same shard on any worker, and a shard is never overwritten by
+different bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddpflow import storage
+from ddpflow.storage.capped_read import TooLarge
+from ddpflow.storage.redact import redact_url
+from ddpflow.storage.retry import OutageTooLong, retry_for
+
+SUFFIX = ".shard"
+LABEL_BYTES = 8
+# How long a shard read retries a store that does not answer (connection refused, 5xx,
+# timeouts) before the rank fails with the shard's name: a blip is ridden out, an outage
+# ends the attempt, and the launcher's restart resumes from the last step checkpoint.
+READ_BOUND_S = 120.0
+
+
+class ShardError(RuntimeError):
+    """A shard cannot be used: the message names it and the fix."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What the index keeps of a shard: enough to find it and to check it whole."""
+
+    name: str
+    count: int
+    nbytes: int
+    crc32: int
+
+    def to_dict(self) -> dict[str, int | str]:
+        return {"name": self.name, "count": self.count, "nbytes": self.nbytes, "crc32": self.crc32}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ShardInfo:
+        return cls(str(data["name"]), int(data["count"]), int(data["nbytes"]), int(data["crc32"]))
+
+
+def encode_shard(records: np.ndarray, labels: Sequence[int]) -> tuple[ShardInfo, bytes]:
+    """(info, bytes) of a shard holding `records` (uint8 [n, ...]) and their labels."""
+    if records.dtype != np.uint8:
+        raise ValueError(f"shard records must be uint8, got {records.dtype}")
+    if len(records) != len(labels):
+        raise ValueError(f"{len(records)} records but {len(labels)} labels")
+    data = np.ascontiguousarray(records).tobytes() + np.asarray(labels, "<i8").tobytes()
+    name = hashlib.sha256(data).hexdigest()[:32] + SUFFIX
+    return ShardInfo(name, len(records), len(data), zlib.crc32(data)), data
+
+
+def decode_shard(
+    data: bytes, info: ShardInfo, record_shape: tuple[int, ...], shown: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """(records [count, *record_shape] uint8, labels [count] int64), read-only views of
+    `data`; ShardError naming `shown` when the bytes are not the shard the index lists."""
+    if len(data) != info.nbytes:
+        raise ShardError(
+            f"shard {shown} has {len(data)} bytes, but the index lists {info.nbytes}: it was "
+            f"truncated or replaced after formatting. {REFORMAT_HINT}"
+        )
+    if zlib.crc32(data) != info.crc32:
+        raise ShardError(
+            f"shard {shown} does not match its CRC-32 in the index: its bytes changed after "
+            f"formatting (a corrupt copy or disk). {REFORMAT_HINT}"
+        )
+    record_bytes = math.prod(record_shape)
+    if info.count * (record_bytes + LABEL_BYTES) != info.nbytes:
+        raise ShardError(
+            f"shard {shown} holds {info.count} records of {record_shape} by the index, which "
+            f"is not its {info.nbytes} bytes: the index belongs to another format. "
+            f"{REFORMAT_HINT}"
+        )
+    cut = info.count * record_bytes
+    records = np.frombuffer(data, np.uint8, cut).reshape(info.count, *record_shape)
+    labels = np.frombuffer(data, "<i8", info.count, offset=cut)
+    return records, labels
+
+
+# What a user does about a missing or damaged shard: the format step checks every shard an
+# index lists and rewrites the ones that are missing, so running it again is the fix.
+REFORMAT_HINT = (
+    "Run the flow again: its format step checks the shards and rewrites missing ones; "
+    "delete a damaged shard first so that it is rewritten"
+)
+
+
+def read_shard(
+    uri: str,
+    info: ShardInfo,
+    record_shape: tuple[int, ...],
+    bound_s: float = READ_BOUND_S,
+    on_wait: Callable[[], None] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read and check one shard, retrying a store that does not answer for `bound_s`."""
+    shown = redact_url(uri)
+
+    def read() -> bytes:
+        return storage.read_bytes(uri, info.nbytes + 1, REFORMAT_HINT)
+
+    try:
+        data = retry_for(
+            read,
+            what=f"reading shard {uri}",
+            bound_s=bound_s,
+            hint="the store is unreachable; training resumes from its last checkpoint once "
+            "it answers (a restart), or raise the shard read bound",
+            on_wait=on_wait,
+        )
+    except FileNotFoundError as error:
+        raise ShardError(
+            f"shard {shown} is missing: it was deleted after formatting. {REFORMAT_HINT}"
+        ) from error
+    except TooLarge as error:
+        raise ShardError(
+            f"shard {shown} is larger than the {info.nbytes} bytes the index lists: it was "
+            f"replaced after formatting. {REFORMAT_HINT}"
+        ) from error
+    except OutageTooLong as error:
+        raise ShardError(f"shard {shown} could not be read: {error}") from error
+    return decode_shard(data, info, record_shape, shown)
+
+
+def write_shard(folder: str, records: np.ndarray, labels: Sequence[int]) -> ShardInfo:
+    """Write the shard of `records` and `labels` into `folder` (atomically, storage.write_bytes)
+    unless a shard of the same content is there already; its info for the index."""
+    info, data = encode_shard(records, labels)
+    uri = storage.join(folder, info.name)
+    fs, path = storage.url_to_fs(uri)
+    if not (fs.exists(path) and fs.size(path) == info.nbytes):
+        storage.write_bytes(uri, data)
+    return info

@@ -1,0 +1,190 @@
+"""A split streamed from its shards: ddpflow.training.samples's `Samples`, bounded in memory.
+
+fit() draws the epoch's order from `epoch_order` (ddpflow.shards.order: windows of shards),
+tells the stream the rank's batches with `start_epoch`, then asks for them one by one. From
+those batches the stream knows which shards each needs and when each is needed last; a
+thread reads them in the order of first need, at most `prefetch` shards ahead of the ones
+in use, and a shard is dropped after the last batch that needs it. A rank thus holds the
+shards its current batches span plus `prefetch` more, whatever the size of the dataset.
+
+Any other access (validation reads its part in index order) goes through a small
+least-recently-used set of shards, read when asked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ddpflow.shards.index import ShardIndex
+from ddpflow.shards.order import window_order
+from ddpflow.shards.settings import DEFAULT_PREFETCH, DEFAULT_WINDOW
+from ddpflow.shards.shard_file import read_shard
+
+Arrays = tuple[np.ndarray, np.ndarray]
+
+UNPLANNED_SHARDS = 2  # shards kept for reads outside the epoch's plan (validation)
+# How often a batch that waits for its shard says it is alive (the launcher's hang watch).
+WAIT_BEAT_S = 2.0
+
+
+class ShardStream:
+    """The samples of a ShardIndex, read shard by shard as the rank's batches need them."""
+
+    def __init__(
+        self,
+        index: ShardIndex,
+        window: int = DEFAULT_WINDOW,
+        prefetch: int = DEFAULT_PREFETCH,
+        on_wait: Callable[[], None] | None = None,
+    ) -> None:
+        if window < 1 or prefetch < 0:
+            raise ValueError(f"window={window} must be >= 1 and prefetch={prefetch} >= 0")
+        self.index = index
+        self.window = window
+        self.prefetch = prefetch
+        self.on_wait = on_wait  # called while a batch waits for a shard (a heartbeat)
+        counts = np.array([s.count for s in index.shards], dtype=np.int64)
+        self._ends = np.cumsum(counts)
+        self._starts = self._ends - counts
+        self._changed = threading.Condition()
+        self._cache: dict[int, Arrays] = {}
+        self._errors: dict[int, BaseException] = {}
+        self._plan: list[tuple[int, ...]] = []
+        self._last_use: dict[int, int] = {}
+        self._pos = 0
+        self._epoch_run = 0  # bumped by each start_epoch: an older reader thread stops
+        self._unplanned: OrderedDict[int, Arrays] = OrderedDict()
+        self.peak_shards = 0  # the most shards held at once (the memory bound, measured)
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def epoch_order(self, seed: int, epoch: int) -> torch.Tensor:
+        return window_order([s.count for s in self.index.shards], self.window, seed, epoch)
+
+    def shards_of(self, index: torch.Tensor) -> np.ndarray:
+        """The shard number of each sample of `index`."""
+        return np.searchsorted(self._ends, index.numpy(), side="right")
+
+    def start_epoch(self, epoch: int, batches: Sequence[torch.Tensor]) -> None:
+        """Plan the rank's `batches` (the rest of the epoch) and start reading ahead."""
+        plan = [tuple(np.unique(self.shards_of(b)).tolist()) for b in batches]
+        last_use = {s: i for i, needed in enumerate(plan) for s in needed}
+        first_need: list[int] = []
+        seen: set[int] = set()
+        live, max_live = 0, 0
+        for i, needed in enumerate(plan):
+            for s in needed:
+                if s not in seen:
+                    seen.add(s)
+                    first_need.append(s)
+                    live += 1
+            max_live = max(max_live, live)
+            live -= sum(1 for s in needed if last_use[s] == i)
+        with self._changed:
+            self._epoch_run += 1
+            self._cache.clear()
+            self._errors.clear()
+            self._plan, self._last_use, self._pos = plan, last_use, 0
+            self._changed.notify_all()
+        # Loaded in first-need order, a shard a batch waits for always comes before any
+        # shard read ahead, so `max_live + prefetch` can never block the reader on it.
+        capacity = max_live + self.prefetch
+        thread = threading.Thread(
+            target=self._read_ahead,
+            args=(self._epoch_run, first_need, capacity),
+            name=f"ddpflow-shards-epoch-{epoch}",
+            daemon=True,
+        )
+        thread.start()
+
+    def _read_ahead(self, run: int, order: list[int], capacity: int) -> None:
+        for s in order:
+            with self._changed:
+                while self._epoch_run == run and len(self._cache) >= capacity:
+                    self._changed.wait()
+                if self._epoch_run != run:
+                    return
+            try:
+                arrays = self._read(s)
+            except BaseException as error:  # noqa: BLE001 - handed to the batch that needs it
+                with self._changed:
+                    if self._epoch_run == run:
+                        self._errors[s] = error
+                        self._changed.notify_all()
+                return
+            with self._changed:
+                if self._epoch_run != run:
+                    return
+                self._cache[s] = arrays
+                self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
+                self._changed.notify_all()
+
+    def _read(self, s: int) -> Arrays:
+        shard = self.index.shards[s]
+        return read_shard(self.index.uri(shard), shard, self.index.record_shape)
+
+    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`."""
+        sids = self.shards_of(index)
+        needed = tuple(np.unique(sids).tolist())
+        with self._changed:
+            planned = self._pos < len(self._plan) and self._plan[self._pos] == needed
+        arrays = self._planned(needed) if planned else {s: self._unplanned_read(s) for s in needed}
+        rows = index.numpy() - self._starts[sids]
+        records = np.empty((len(index), *self.index.record_shape), dtype=np.uint8)
+        labels = np.empty(len(index), dtype=np.int64)
+        for s in needed:
+            at = np.flatnonzero(sids == s)
+            shard_records, shard_labels = arrays[s]
+            records[at] = shard_records[rows[at]]
+            labels[at] = shard_labels[rows[at]]
+        if planned:
+            self._done_with_batch()
+        return torch.from_numpy(records), torch.from_numpy(labels)
+
+    def _planned(self, needed: tuple[int, ...]) -> dict[int, Arrays]:
+        with self._changed:
+            while True:
+                for s in needed:
+                    if s in self._errors:
+                        raise self._errors[s]
+                if all(s in self._cache for s in needed):
+                    return {s: self._cache[s] for s in needed}
+                if not self._changed.wait(WAIT_BEAT_S) and self.on_wait is not None:
+                    self.on_wait()
+
+    def _done_with_batch(self) -> None:
+        with self._changed:
+            pos = self._pos
+            for s in self._plan[pos]:
+                if self._last_use.get(s) == pos:
+                    self._cache.pop(s, None)
+            self._pos = pos + 1
+            self._changed.notify_all()
+
+    def _unplanned_read(self, s: int) -> Arrays:
+        if s in self._unplanned:
+            self._unplanned.move_to_end(s)
+            return self._unplanned[s]
+        arrays = self._read(s)
+        self._unplanned[s] = arrays
+        while len(self._unplanned) > UNPLANNED_SHARDS:
+            self._unplanned.popitem(last=False)
+        with self._changed:
+            self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
+        return arrays
+
+    def close(self) -> None:
+        """Stop reading ahead and drop every shard held."""
+        with self._changed:
+            self._epoch_run += 1
+            self._cache.clear()
+            self._plan = []
+            self._changed.notify_all()
+        self._unplanned.clear()
