@@ -19,16 +19,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddpflow import storage
+from ddpflow.shards.settings import DEFAULT_READ_BOUND_S
 from ddpflow.storage.capped_read import TooLarge
 from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import OutageTooLong, retry_for
 
 SUFFIX = ".shard"
 LABEL_BYTES = 8
-# How long a shard read retries a store that does not answer (connection refused, 5xx,
-# timeouts) before the rank fails with the shard's name: a blip is ridden out, an outage
-# ends the attempt, and the launcher's restart resumes from the last step checkpoint.
-READ_BOUND_S = 120.0
 
 
 class ShardError(RuntimeError):
@@ -103,7 +100,7 @@ def read_shard(
     uri: str,
     info: ShardInfo,
     record_shape: tuple[int, ...],
-    bound_s: float = READ_BOUND_S,
+    bound_s: float = DEFAULT_READ_BOUND_S,
     on_wait: Callable[[], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Read and check one shard, retrying a store that does not answer for `bound_s`."""

@@ -22,7 +22,12 @@ import torch
 
 from ddpflow.shards.index import ShardIndex
 from ddpflow.shards.order import window_order
-from ddpflow.shards.settings import DEFAULT_PREFETCH, DEFAULT_WINDOW
+from ddpflow.shards.settings import (
+    DEFAULT_PREFETCH,
+    DEFAULT_READ_BOUND_S,
+    DEFAULT_WINDOW,
+    StreamSettings,
+)
 from ddpflow.shards.shard_file import read_shard
 
 Arrays = tuple[np.ndarray, np.ndarray]
@@ -41,12 +46,13 @@ class ShardStream:
         window: int = DEFAULT_WINDOW,
         prefetch: int = DEFAULT_PREFETCH,
         on_wait: Callable[[], None] | None = None,
+        read_bound_s: float = DEFAULT_READ_BOUND_S,
     ) -> None:
-        if window < 1 or prefetch < 0:
-            raise ValueError(f"window={window} must be >= 1 and prefetch={prefetch} >= 0")
+        StreamSettings(window, prefetch, read_bound_s)  # checks them
         self.index = index
         self.window = window
         self.prefetch = prefetch
+        self.read_bound_s = read_bound_s
         self.on_wait = on_wait  # called while a batch waits for a shard (a heartbeat)
         counts = np.array([s.count for s in index.shards], dtype=np.int64)
         self._ends = np.cumsum(counts)
@@ -127,7 +133,8 @@ class ShardStream:
 
     def _read(self, s: int) -> Arrays:
         shard = self.index.shards[s]
-        return read_shard(self.index.uri(shard), shard, self.index.record_shape)
+        uri = self.index.uri(shard)
+        return read_shard(uri, shard, self.index.record_shape, self.read_bound_s)
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`."""

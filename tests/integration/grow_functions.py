@@ -22,30 +22,34 @@ FEATURES = 8
 PAUSE_S = 0.2
 
 
-class _Recorded:
+class Recorded:
     """Samples that remember the last batch taken (the step's). While the file `pause`
     exists, each batch takes PAUSE_S more: the test's workers join and leave meanwhile,
-    and it removes the file when the rest may run at full speed."""
+    and it removes the file when the rest may run at full speed. Everything else (a
+    streamed split's epoch_order and start_epoch) is the wrapped samples'."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, pause: Path):
-        self.x, self.y, self.pause = x, y, pause
+    def __init__(self, samples: ddpflow.Samples, pause: Path):
+        self.samples, self.pause = samples, pause
         self.last: list[int] = []
 
     def __len__(self) -> int:
-        return len(self.x)
+        return len(self.samples)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.samples, name)
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.last = index.tolist()
         if self.pause.exists():
             time.sleep(PAUSE_S)
-        return self.x[index], self.y[index]
+        return self.samples.batch(index)
 
 
-class _StepsWritten:
+class StepsWritten:
     """The launcher's rank context, writing (global step, the step's samples) at each
     step's heartbeat into this attempt's own file."""
 
-    def __init__(self, rank_ctx: Any, data: _Recorded, path: Path):
+    def __init__(self, rank_ctx: Any, data: Recorded, path: Path):
         self._rank_ctx, self._data, self._path = rank_ctx, data, path
 
     def __getattr__(self, name: str) -> Any:
@@ -59,12 +63,19 @@ class _StepsWritten:
                 file.write(json.dumps(record) + "\n")
 
 
-class _Recording:
-    def __init__(self, ctx: ddpflow.TrainContext, rank_ctx: _StepsWritten):
+class Recording:
+    def __init__(self, ctx: ddpflow.TrainContext, rank_ctx: StepsWritten):
         self._ctx, self.rank_context = ctx, rank_ctx
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ctx, name)
+
+
+def recording_context(ctx: ddpflow.TrainContext, data: Recorded, log_dir: str) -> Recording:
+    """`ctx` for ddpflow.fit, writing each step's samples of `data` into this rank's file of
+    this attempt (an attempt's ranks share its launch id)."""
+    path = Path(log_dir) / f"{ctx.rank_context.launch_id}-rank{ctx.rank}.jsonl"
+    return Recording(ctx, StepsWritten(ctx.rank_context, data, path))
 
 
 def recorded_fit(
@@ -77,10 +88,8 @@ def recorded_fit(
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, FEATURES, generator=generator)
     y = x @ torch.randn(FEATURES, 1, generator=generator)
-    data = _Recorded(x, y, Path(pause))
-    # One file per rank of each attempt; an attempt's ranks share its launch id.
-    path = Path(log_dir) / f"{ctx.rank_context.launch_id}-rank{ctx.rank}.jsonl"
-    recording = _Recording(ctx, _StepsWritten(ctx.rank_context, data, path))
+    data = Recorded(ddpflow.TensorPairs(x, y), Path(pause))
+    recording = recording_context(ctx, data, log_dir)
     torch.manual_seed(0)
     net = nn.Linear(FEATURES, 1)
     ddpflow.fit(
@@ -100,7 +109,7 @@ def recorded_fit(
     return {"world_size": ctx.world_size, "weights": weights}
 
 
-def samples_by_epoch(log_dir: str) -> list[list[int]]:
+def samples_by_epoch(log_dir: str, num_samples: int = SAMPLES) -> list[list[int]]:
     """The samples each epoch trained on, over every attempt and rank, in step order.
 
     An attempt's steps after the step the next attempt resumed from were trained again
@@ -124,6 +133,6 @@ def samples_by_epoch(log_dir: str) -> list[list[int]]:
     epochs: list[list[int]] = [[]]
     for step in sorted(kept):
         epochs[-1].extend(kept[step])
-        if len(epochs[-1]) >= SAMPLES:
+        if len(epochs[-1]) >= num_samples:
             epochs.append([])
     return [e for e in epochs if e]

@@ -239,4 +239,6 @@ def open_split(
     from ddpflow.shards.stream import ShardStream
 
     stream = stream or StreamSettings()
-    return ShardStream(read_index(uri), stream.window, stream.prefetch, on_wait)
+    return ShardStream(
+        read_index(uri), stream.window, stream.prefetch, on_wait, stream.read_bound_s
+    )
