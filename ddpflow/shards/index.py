@@ -10,10 +10,13 @@ shard against it (shard_file).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from ddpflow import storage
-from ddpflow.shards.shard_file import ShardInfo
+from ddpflow.shards.shard_file import ShardInfo, write_shard
 
 INDEX_SUFFIX = ".shards.json"
 INDEX_VERSION = 1
@@ -55,13 +58,18 @@ def is_index_uri(uri: str) -> bool:
 
 
 def shards_folder(index_uri: str) -> str:
-    return storage.join(index_uri.rsplit("/", 1)[0], SHARDS_FOLDER)
+    """Where the shards of the index at `index_uri` are: `shards/` beside it."""
+    parent = index_uri.rsplit("/", 1)[0] if "/" in index_uri else "."
+    return storage.join(parent, SHARDS_FOLDER)
 
 
-def write_index(uri: str, index: ShardIndex) -> None:
-    if index.folder != shards_folder(uri):
-        raise ValueError(f"the index {uri} must list shards in {shards_folder(uri)}")
+def write_index(
+    uri: str, record_shape: tuple[int, ...], shards: tuple[ShardInfo, ...]
+) -> ShardIndex:
+    """Write the index of `shards` (written already, in shards_folder(uri)) at `uri`."""
+    index = ShardIndex(shards_folder(uri), tuple(record_shape), tuple(shards))
     storage.write_bytes(uri, index.to_json())
+    return index
 
 
 def read_index(uri: str) -> ShardIndex:
@@ -76,3 +84,18 @@ def read_index(uri: str) -> ShardIndex:
         )
     shards = tuple(ShardInfo.from_dict(s) for s in data["shards"])
     return ShardIndex(shards_folder(uri), tuple(data["record_shape"]), shards)
+
+
+def write_records(
+    uri: str, records: np.ndarray, labels: Sequence[int], per_shard: int
+) -> ShardIndex:
+    """`records` (uint8 [n, ...]) and their labels as shards of `per_shard` records, in
+    order, then their index at `uri` (last): a split ready to stream."""
+    if per_shard < 1:
+        raise ValueError(f"per_shard={per_shard} must be >= 1 record")
+    folder = shards_folder(uri)
+    shards = tuple(
+        write_shard(folder, records[lo : lo + per_shard], labels[lo : lo + per_shard])
+        for lo in range(0, len(records), per_shard)
+    )
+    return write_index(uri, tuple(records.shape[1:]), shards)

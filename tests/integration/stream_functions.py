@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import ddpflow
-from ddpflow.shards.index import ShardIndex, read_index, shards_folder, write_index
+from ddpflow.shards.index import read_index, shards_folder, write_index
 from ddpflow.shards.shard_file import write_shard
 from ddpflow.shards.stream import ShardStream
 from ddpflow.training.batching import epoch_batches
@@ -41,7 +41,7 @@ def write_split(index_uri: str, num_samples: int, per_shard: int, side: int = SI
             top, left = divmod(int(label), 2)
             images[i, :, top * half : (top + 1) * half, left * half : (left + 1) * half] += 100
         infos.append(write_shard(folder, images, labels.tolist()))
-    write_index(index_uri, ShardIndex(folder, (3, side, side), tuple(infos)))
+    write_index(index_uri, (3, side, side), tuple(infos))
 
 
 class _SmallCNN(nn.Module):

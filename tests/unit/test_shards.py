@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ddpflow import storage
-from ddpflow.shards.index import ShardIndex, read_index, shards_folder, write_index
+from ddpflow.shards.index import read_index, shards_folder, write_index, write_records
 from ddpflow.shards.order import window_order
 from ddpflow.shards.shard_file import ShardError, read_shard, write_shard
 from ddpflow.shards.stream import ShardStream
@@ -24,18 +24,28 @@ def _write_split(tmp_path, counts: list[int]) -> tuple[str, np.ndarray, np.ndarr
     """An index over shards of `counts` records each; every record is filled with its own
     sample number (mod 251), its label is the sample number."""
     index_uri = str(tmp_path / "train.shards.json")
-    folder = shards_folder(index_uri)
     total = sum(counts)
     records = (np.arange(total) % 251).astype(np.uint8)[:, None, None, None] * np.ones(
         SHAPE, np.uint8
     )
     labels = np.arange(total, dtype=np.int64)
+    folder = shards_folder(index_uri)
     infos, at = [], 0
-    for count in counts:
+    for count in counts:  # shards of different sizes
         infos.append(write_shard(folder, records[at : at + count], labels[at : at + count]))
         at += count
-    write_index(index_uri, ShardIndex(folder, SHAPE, tuple(infos)))
+    write_index(index_uri, SHAPE, tuple(infos))
     return index_uri, records, labels
+
+
+def test_records_written_as_shards_read_back_in_order(tmp_path):
+    records = np.arange(10 * 48, dtype=np.uint8).reshape(10, *SHAPE)
+    index = write_records(str(tmp_path / "a.shards.json"), records, list(range(10)), 4)
+    assert [s.count for s in index.shards] == [4, 4, 2]
+    assert read_index(str(tmp_path / "a.shards.json")) == index
+    x, y = ShardStream(index).batch(torch.arange(10))
+    assert torch.equal(x, torch.from_numpy(records)) and y.tolist() == list(range(10))
+    assert shards_folder("train.shards.json") == "./shards"
 
 
 def _epoch(stream: ShardStream, batch: int, world: int, seed: int, epoch: int, start=0):
@@ -184,3 +194,27 @@ def test_a_batch_waiting_for_its_shard_says_it_is_alive(tmp_path, monkeypatch):
     stream.start_epoch(0, batches)
     stream.batch(batches[0])
     assert len(beats) >= 5
+
+
+def test_a_skipped_batch_keeps_the_stream_planned_and_bounded(tmp_path):
+    uri, records, _ = _write_split(tmp_path, [10] * 16)
+    stream = ShardStream(read_index(uri), window=2, prefetch=1)
+    batches = epoch_batches(len(stream), 4, 0, 1, 0, 0, order=stream.epoch_order)
+    stream.start_epoch(0, batches)
+    for i, b in enumerate(batches):
+        if i % 7 == 3:
+            continue  # a caller that skips a batch now and then
+        x, _ = stream.batch(b)
+        assert torch.equal(x, torch.from_numpy(records[b.numpy()]))
+    assert stream.peak_shards <= 5
+    assert not stream._unplanned, "every batch was served from the plan"
+
+
+def test_batches_of_another_order_are_warned_about(tmp_path, caplog):
+    uri, _, _ = _write_split(tmp_path, [10] * 16)
+    stream = ShardStream(read_index(uri), window=2, prefetch=1)
+    uniform = epoch_batches(len(stream), 4, 0, 1, 0, 0)  # epoch_order left out
+    with caplog.at_level("WARNING"):
+        stream.start_epoch(0, uniform)
+    assert "draw the epoch's order from ShardStream.epoch_order" in caplog.text
+    stream.close()

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ddpflow import storage
-from ddpflow.shards.index import ShardIndex, read_index, shards_folder, write_index
+from ddpflow.shards.index import SHARDS_FOLDER, read_index, write_index
 from ddpflow.shards.shard_file import ShardInfo, write_shard
 from ddpflow.storage.redact import redact_url
 from ddpflow.workloads.vision.data import (
@@ -209,7 +209,7 @@ def _hash(*parts: str) -> bytes:
 def format_chunk(target: ChunkTarget, chunk: ImageChunk) -> ChunkResult:
     """Decode one chunk into one shard, or reuse the shard its record names."""
     record_uri = storage.join(target.store, "chunks", f"{chunk.key}.json")
-    shards = storage.join(target.store, "shards")
+    shards = storage.join(target.store, SHARDS_FOLDER)
     if storage.exists(record_uri):
         done = _read_record(record_uri)
         if done.shard is None or _shard_present(shards, done.shard):
@@ -259,7 +259,7 @@ def reusable(plan: ShardPlan) -> FormattedImages | None:
     if not storage.exists(uri):
         return None
     stored = FormattedImages(**json.loads(storage.read_bytes(uri, MANIFEST_MAX_BYTES)))
-    present = set(storage.list_names(storage.join(plan.target.store, "shards")))
+    present = set(storage.list_names(storage.join(plan.target.store, SHARDS_FOLDER)))
     for split_uri in (stored.train_uri, stored.val_uri):
         if any(s.name not in present for s in read_index(split_uri).shards):
             return None  # a shard was deleted: format again, which rewrites it
@@ -279,7 +279,6 @@ def index_shards(
     decoded = [labels_by_key[k] for r in results for k in r.keys]
     check_classes_have_images(shown, plan.classes, decoded, "no readable image")
     store, size = plan.target.store, plan.target.spec.image_size
-    folder = shards_folder(storage.join(store, "index.shards.json"))
     shape = (3, size, size)
     uris = {}
     counts = {}
@@ -291,7 +290,7 @@ def index_shards(
                 "raise val_fraction"
             )
         uris[split] = storage.join(store, f"{plan.key}-{split}.shards.json")
-        write_index(uris[split], ShardIndex(folder, shape, shards))
+        write_index(uris[split], shape, shards)
         counts[split] = sum(s.count for s in shards)
     val_keys = [k for r in results if r.split == "val" and r.shard is not None for k in r.keys]
     result = FormattedImages(
