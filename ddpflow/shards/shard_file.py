@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
+import stat
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +23,6 @@ from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
 from ddpflow.shards.settings import DEFAULT_READ_BOUND_S
-from ddpflow.storage.capped_read import TooLarge
 from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import OutageTooLong, retry_for
 
@@ -62,7 +63,7 @@ def encode_shard(records: np.ndarray, labels: Sequence[int]) -> tuple[ShardInfo,
 
 
 def decode_shard(
-    data: bytes, info: ShardInfo, record_shape: tuple[int, ...], shown: str
+    data: bytes | memoryview, info: ShardInfo, record_shape: tuple[int, ...], shown: str
 ) -> tuple[np.ndarray, np.ndarray]:
     """(records [count, *record_shape] uint8, labels [count] int64), read-only views of
     `data`; ShardError naming `shown` when the bytes are not the shard the index lists."""
@@ -103,15 +104,21 @@ def read_shard(
     record_shape: tuple[int, ...],
     bound_s: float = DEFAULT_READ_BOUND_S,
     on_wait: Callable[[], None] | None = None,
+    buffer: bytearray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Read and check one shard, retrying a store that does not answer for `bound_s`."""
-    shown = redact_url(uri)
+    """Read and check one shard, retrying a store that does not answer for `bound_s`.
 
+    `buffer` (at least info.nbytes): a local shard is read into it rather than into new
+    memory, and the arrays returned are views of it. A stream hands in the buffers of the
+    shards it dropped, so a rank's memory is the shards it holds, not what the allocator
+    kept of every shard read before (measured: 42 MiB of data memory at 1x data, 50 at 4x,
+    with a new allocation per read; the same at both with reused buffers)."""
+    shown = redact_url(uri)
     fs, path = storage.url_to_fs(uri)
 
-    def read() -> bytes:
-        if isinstance(fs, LocalFileSystem):  # a regular file of bounded size, checked
-            return storage.read_bytes(uri, info.nbytes + 1, REFORMAT_HINT)
+    def read() -> bytes | memoryview:
+        if isinstance(fs, LocalFileSystem):
+            return _read_local(path, info, shown, buffer)
         # One ranged GET of at most one byte more than the index lists (a shard replaced
         # by a larger object is cut off there and fails its size check): measured on moto,
         # 150-170 MiB/s against 90 for the capped reader's stat, open and 1 MiB reads.
@@ -130,14 +137,34 @@ def read_shard(
         raise ShardError(
             f"shard {shown} is missing: it was deleted after formatting. {REFORMAT_HINT}"
         ) from error
-    except TooLarge as error:
-        raise ShardError(
-            f"shard {shown} is larger than the {info.nbytes} bytes the index lists: it was "
-            f"replaced after formatting. {REFORMAT_HINT}"
-        ) from error
     except OutageTooLong as error:
         raise ShardError(f"shard {shown} could not be read: {error}") from error
     return decode_shard(data, info, record_shape, shown)
+
+
+def _read_local(
+    path: str, info: ShardInfo, shown: str, buffer: bytearray | None
+) -> bytes | memoryview:
+    """The local shard's bytes, into `buffer` when given; a shard that is not a regular
+    file of the listed size is refused before a byte is read."""
+    status = os.stat(path)  # FileNotFoundError: deleted since formatting
+    if not stat.S_ISREG(status.st_mode):
+        raise ShardError(f"shard {shown} is not a regular file. {REFORMAT_HINT}")
+    if status.st_size != info.nbytes:
+        raise ShardError(
+            f"shard {shown} has {status.st_size} bytes, but the index lists {info.nbytes}: "
+            f"it was truncated or replaced after formatting. {REFORMAT_HINT}"
+        )
+    target = buffer if buffer is not None and len(buffer) >= info.nbytes else None
+    view = memoryview(target if target is not None else bytearray(info.nbytes))[: info.nbytes]
+    with open(path, "rb") as file:
+        got = file.readinto(view)
+    if got != info.nbytes:
+        raise ShardError(
+            f"shard {shown} ended after {got} of its {info.nbytes} bytes while it was read: "
+            f"it is being rewritten or was truncated. {REFORMAT_HINT}"
+        )
+    return view
 
 
 def write_shard(folder: str, records: np.ndarray, labels: Sequence[int]) -> ShardInfo:

@@ -17,10 +17,13 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
+from ddpflow import storage
 from ddpflow.shards.index import ShardIndex
 from ddpflow.shards.order import window_order
 from ddpflow.shards.settings import (
@@ -31,7 +34,6 @@ from ddpflow.shards.settings import (
 )
 from ddpflow.shards.shard_file import read_shard
 
-Arrays = tuple[np.ndarray, np.ndarray]
 log = logging.getLogger(__name__)
 
 UNPLANNED_SHARDS = 2  # shards kept for reads outside the epoch's plan (validation)
@@ -39,6 +41,15 @@ UNPLANNED_SHARDS = 2  # shards kept for reads outside the epoch's plan (validati
 PLAN_LOOKAHEAD = 8
 # How often a batch that waits for its shard says it is alive (the launcher's hang watch).
 WAIT_BEAT_S = 2.0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A shard in memory: views of its bytes, and the buffer they are in (local shards)."""
+
+    records: np.ndarray
+    labels: np.ndarray
+    buffer: bytearray | None
 
 
 class ShardStream:
@@ -62,14 +73,20 @@ class ShardStream:
         self._ends = np.cumsum(counts)
         self._starts = self._ends - counts
         self._changed = threading.Condition()
-        self._cache: dict[int, Arrays] = {}
+        self._cache: dict[int, _Held] = {}
         self._errors: dict[int, BaseException] = {}
         self._plan: list[tuple[int, ...]] = []
         self._batches: list[torch.Tensor] = []
         self._last_use: dict[int, int] = {}
         self._pos = 0
         self._epoch_run = 0  # bumped by each start_epoch: an older reader thread stops
-        self._unplanned: OrderedDict[int, Arrays] = OrderedDict()
+        self._unplanned: OrderedDict[int, _Held] = OrderedDict()
+        # Buffers of dropped local shards, each as large as the largest shard: the next
+        # read goes into one (shard_file.read_shard), so memory is what is held.
+        self._spare: list[bytearray] = []
+        self._retired: list[_Held] = []  # dropped during a batch, released after it
+        self._buffer_bytes = max((shard.nbytes for shard in index.shards), default=0)
+        self._local = isinstance(storage.url_to_fs(index.folder)[0], LocalFileSystem)
         self.peak_shards = 0  # the most shards held at once (the memory bound, measured)
 
     def __len__(self) -> int:
@@ -110,7 +127,7 @@ class ShardStream:
             )
         with self._changed:
             self._epoch_run += 1
-            self._cache.clear()
+            self._drop_all_planned()
             self._errors.clear()
             self._plan, self._last_use, self._pos = plan, last_use, 0
             self._batches = list(batches)
@@ -147,15 +164,37 @@ class ShardStream:
                 if self._epoch_run != run:
                     return
                 if self._last_use[s] < self._pos:
+                    self._release(arrays)  # skipped while it was read
                     continue
                 self._cache[s] = arrays
                 self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
                 self._changed.notify_all()
 
-    def _read(self, s: int) -> Arrays:
+    def _read(self, s: int) -> _Held:
         shard = self.index.shards[s]
         uri = self.index.uri(shard)
-        return read_shard(uri, shard, self.index.record_shape, self.read_bound_s)
+        buffer = self._take_buffer() if self._local else None
+        records, labels = read_shard(
+            uri, shard, self.index.record_shape, self.read_bound_s, buffer=buffer
+        )
+        return _Held(records, labels, buffer)
+
+    def _take_buffer(self) -> bytearray:
+        with self._changed:
+            if self._spare:
+                return self._spare.pop()
+        return bytearray(self._buffer_bytes)
+
+    def _release(self, held: _Held | None) -> None:
+        """Drop a shard; its buffer, if any, serves the next read. (The caller holds the
+        lock, or is the only thread touching the unplanned set.)"""
+        if held is not None and held.buffer is not None:
+            self._spare.append(held.buffer)
+
+    def _drop_all_planned(self) -> None:
+        for held in self._cache.values():
+            self._release(held)
+        self._cache.clear()
 
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`."""
@@ -168,11 +207,14 @@ class ShardStream:
         labels = np.empty(len(index), dtype=np.int64)
         for s in needed:
             at = np.flatnonzero(sids == s)
-            shard_records, shard_labels = arrays[s]
-            records[at] = shard_records[rows[at]]
-            labels[at] = shard_labels[rows[at]]
+            records[at] = arrays[s].records[rows[at]]
+            labels[at] = arrays[s].labels[rows[at]]
         if planned:
             self._done_with_batch()
+        with self._changed:
+            for held in self._retired:
+                self._release(held)
+            self._retired.clear()
         return torch.from_numpy(records), torch.from_numpy(labels)
 
     def _find_planned(self, index: torch.Tensor) -> bool:
@@ -188,7 +230,7 @@ class ShardStream:
             self._done_with_batch()
         return at is not None
 
-    def _planned(self, needed: tuple[int, ...]) -> dict[int, Arrays]:
+    def _planned(self, needed: tuple[int, ...]) -> dict[int, _Held]:
         with self._changed:
             while True:
                 for s in needed:
@@ -204,19 +246,20 @@ class ShardStream:
             pos = self._pos
             for s in self._plan[pos]:
                 if self._last_use.get(s) == pos:
-                    self._cache.pop(s, None)
+                    self._release(self._cache.pop(s, None))
             self._pos = pos + 1
             self._changed.notify_all()
 
-    def _unplanned_read(self, s: int) -> Arrays:
+    def _unplanned_read(self, s: int) -> _Held:
         if s in self._unplanned:
             self._unplanned.move_to_end(s)
             return self._unplanned[s]
         arrays = self._read(s)
         self._unplanned[s] = arrays
-        while len(self._unplanned) > UNPLANNED_SHARDS:
-            self._unplanned.popitem(last=False)
         with self._changed:
+            while len(self._unplanned) > UNPLANNED_SHARDS:
+                # Not released yet: this batch may still read the shard it held.
+                self._retired.append(self._unplanned.popitem(last=False)[1])
             self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
         return arrays
 
@@ -224,7 +267,8 @@ class ShardStream:
         """Stop reading ahead and drop every shard held."""
         with self._changed:
             self._epoch_run += 1
-            self._cache.clear()
+            self._drop_all_planned()
             self._plan, self._batches = [], []
+            self._unplanned.clear()
+            self._spare.clear()
             self._changed.notify_all()
-        self._unplanned.clear()

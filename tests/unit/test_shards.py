@@ -45,6 +45,17 @@ def test_records_written_as_shards_read_back_in_order(tmp_path):
     assert read_index(str(tmp_path / "a.shards.json")) == index
     x, y = ShardStream(index).batch(torch.arange(10))
     assert torch.equal(x, torch.from_numpy(records)) and y.tolist() == list(range(10))
+
+
+def test_one_batch_over_more_shards_than_are_cached_reads_each_right(tmp_path):
+    # Six shards in one batch outside the epoch's plan (validation's way): the cache keeps
+    # two, and the buffer of a shard dropped mid-batch must not take the next one's bytes.
+    records = np.arange(12 * 48, dtype=np.uint8).reshape(12, *SHAPE)
+    index = write_records(str(tmp_path / "a.shards.json"), records, list(range(12)), 2)
+    stream = ShardStream(index)
+    for _ in range(2):
+        x, y = stream.batch(torch.arange(12))
+        assert torch.equal(x, torch.from_numpy(records)) and y.tolist() == list(range(12))
     assert shards_folder("train.shards.json") == "./shards"
 
 
