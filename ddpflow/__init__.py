@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     from ddpflow.distributed.progress import Progress
     from ddpflow.integrations.prefect.run_in_flow import run_in_flow
     from ddpflow.integrations.prefect.task_runner import dask_task_runner
+    from ddpflow.shards.index import read_index, write_records
+    from ddpflow.shards.stream import ShardStream
     from ddpflow.training.context import Stateful, TrainContext
     from ddpflow.training.fit import fit
     from ddpflow.training.loop import FitHooks
@@ -55,6 +57,9 @@ _EXPORTS = {
     "WorkersNotBack": "ddpflow.distributed.elastic",
     "LaunchError": "ddpflow.distributed.failures",
     "Progress": "ddpflow.distributed.progress",
+    "ShardStream": "ddpflow.shards.stream",
+    "read_index": "ddpflow.shards.index",
+    "write_records": "ddpflow.shards.index",
 }
 __all__ = [
     "EpochStats",
@@ -67,6 +72,7 @@ __all__ = [
     "Restart",
     "RestartsExhausted",
     "Samples",
+    "ShardStream",
     "Stateful",
     "TensorPairs",
     "TensorSamples",
@@ -75,8 +81,10 @@ __all__ = [
     "dask_task_runner",
     "fit",
     "load_checkpoint",
+    "read_index",
     "run",
     "run_in_flow",
+    "write_records",
 ]
 
 
