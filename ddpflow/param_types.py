@@ -85,6 +85,19 @@ GlobalBatch = Annotated[
         "(off: per rank, so the group's grows with the world size)"
     ),
 ]
+# Data larger than memory (docs/data.md): how the formatted data reaches the ranks.
+DataLayout = Annotated[
+    Literal["auto", "memory", "shards"],
+    Field(
+        description="memory: every rank holds the formatted data; shards: formatted into "
+        "shards on the cluster, each rank streams its part; auto: shards above stream_above_mb"
+    ),
+]
+StreamAboveMb = Annotated[
+    float,
+    Field(gt=0, description="with data_layout auto, the formatted MiB above which ranks stream"),
+]
+ShardMb = Annotated[float, Field(gt=0, le=4096, description="formatted MiB per shard")]
 ModelName = Annotated[str, Field(min_length=1, description="MLflow registered model")]
 Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]
 # Speed settings (ddpflow.training.speed.device): "auto" picks per device on each rank (fp32, no

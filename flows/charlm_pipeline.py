@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prefect import unmapped
+
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
+from ddpflow.shards.index import is_index_uri
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import RunRef
@@ -30,7 +33,11 @@ from tasks.charlm import (
     TRAINING,
     download_corpus,
     evaluate,
+    format_chunk,
     format_training_data,
+    index_corpus,
+    plan_corpus,
+    reuse_corpus,
 )
 from tasks.inspection import describe_datasets
 from tasks.registration import register_trained
@@ -97,17 +104,42 @@ def run_charlm_pipeline(
 def prepare_corpus(params: CharLMParams, settings: Settings) -> tuple[SourceCopy, FormattedCorpus]:
     """Download the names and format them into tensors (each step reused when unchanged)."""
     raw = download_corpus.submit(params.source, settings.artifact_root).result()
-    corpus = format_training_data.submit(
-        raw.uri, settings.artifact_root, params.holdout_fraction
-    ).result()
+    corpus = _format_as_shards(params, settings, raw)
+    if corpus is None:
+        corpus = format_training_data.submit(
+            raw.uri, settings.artifact_root, params.holdout_fraction
+        ).result()
     # Say so when a rerun skipped the work, as the image flow does.
     reused = [what for what, hit in (("raw copy", raw.reused), ("tensors", corpus.reused)) if hit]
+    layout = "streamed from shards" if is_index_uri(corpus.train_uri) else "held in memory"
     print(
         f"corpus: {corpus.num_train_names} train / {corpus.num_val_names} holdout names, "
-        f"{corpus.num_train_samples} samples; cleaning: {corpus.clean_report}"
+        f"{corpus.num_train_samples} samples, {layout}; cleaning: {corpus.clean_report}"
         + (f" ({' and '.join(reused)} reused)" if reused else "")
     )
     return raw, corpus
+
+
+def _format_as_shards(
+    params: CharLMParams, settings: Settings, raw: SourceCopy
+) -> FormattedCorpus | None:
+    """With data_layout shards (or auto over stream_above_mb formatted), the corpus
+    formatted into shards by one task per chunk of names on the cluster's workers; None:
+    hold it in memory (docs/data.md)."""
+    if params.data_layout == "memory":
+        return None
+    plan = plan_corpus.submit(
+        raw.uri, settings.artifact_root, params.holdout_fraction, params.shard_mb
+    ).result()
+    if params.data_layout == "auto" and plan.formatted_mb <= params.stream_above_mb:
+        return None
+    stored = reuse_corpus.submit(plan.without_chunks()).result()
+    if stored is not None:
+        return stored
+    print(f"corpus: formatting {len(plan.chunks)} chunk(s) of names into shards on the cluster")
+    # One task run per chunk: the Prefect UI counts them as they finish.
+    results = format_chunk.map(unmapped(plan.store), plan.chunks)
+    return index_corpus.submit(plan.without_chunks(), results).result()
 
 
 def start_charlm_run(

@@ -35,6 +35,7 @@ from ddpflow.param_types import (
     CheckpointEveryS,
     CheckpointEverySteps,
     Compile,
+    DataLayout,
     Dropout,
     Epochs,
     Experiment,
@@ -53,6 +54,8 @@ from ddpflow.param_types import (
     Precision,
     RankTimeout,
     Seed,
+    ShardMb,
+    StreamAboveMb,
     WorldSize,
 )
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
@@ -147,6 +150,9 @@ class CharLMParams(_Params):
     world_size: WorldSize = None
     seed: Seed
     holdout_fraction: Fraction = Field(description=HOLDOUT_HELP)
+    data_layout: DataLayout = TRAIN_CHARLM["data_layout"]
+    stream_above_mb: StreamAboveMb = TRAIN_CHARLM["stream_above_mb"]
+    shard_mb: ShardMb = TRAIN_CHARLM["shard_mb"]
     keep_last: KeepLast
     checkpoint_every_steps: CheckpointEverySteps = TRAIN_CHARLM["checkpoint_every_steps"]
     checkpoint_every_s: CheckpointEveryS = TRAIN_CHARLM["checkpoint_every_s"]
@@ -295,19 +301,9 @@ class ImageParams(_Params):
         le=MAX_IMAGE_MB,
         description="cap per image file, MiB",
     )
-    data_layout: Literal["auto", "memory", "shards"] = Field(
-        default=TRAIN_IMAGES["data_layout"],
-        description="memory: every rank holds the formatted split; shards: formatted into "
-        "shards on the cluster, each rank streams its part; auto: shards above stream_above_mb",
-    )
-    stream_above_mb: float = Field(
-        default=TRAIN_IMAGES["stream_above_mb"],
-        gt=0,
-        description="with data_layout auto, the formatted size (MiB) above which ranks stream",
-    )
-    shard_mb: float = Field(
-        default=TRAIN_IMAGES["shard_mb"], gt=0, le=4096, description="formatted MiB per shard"
-    )
+    data_layout: DataLayout = TRAIN_IMAGES["data_layout"]
+    stream_above_mb: StreamAboveMb = TRAIN_IMAGES["stream_above_mb"]
+    shard_mb: ShardMb = TRAIN_IMAGES["shard_mb"]
     augment: AutoToggle = Field(
         default=TRAIN_IMAGES["augment"],
         description="random resized crop and flip of training images, new every epoch: auto "

@@ -9,6 +9,15 @@ from prefect.artifacts import create_markdown_artifact
 
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.data import FormattedCorpus, SourceCopy, fetch_corpus, format_corpus
+from ddpflow.workloads.charlm.shard_format import (
+    CorpusShardPlan,
+    NameChunk,
+    NameShard,
+    format_name_chunk,
+    index_corpus_shards,
+    plan_corpus_shards,
+    reusable_corpus,
+)
 from tasks.restarts import DDPWorkload, RankFunction
 
 if TYPE_CHECKING:
@@ -37,6 +46,32 @@ def format_training_data(
 ) -> FormattedCorpus:
     """Clean, split and format the names into compact index tensors."""
     return format_corpus(raw_uri, artifact_root, holdout_fraction)
+
+
+@task(name="plan-corpus-shards")
+def plan_corpus(
+    raw_uri: str, artifact_root: str, holdout_fraction: float, shard_mb: float
+) -> CorpusShardPlan:
+    """Parse, split and chunk the names, one shard a chunk (charlm.shard_format)."""
+    return plan_corpus_shards(raw_uri, artifact_root, holdout_fraction, shard_mb)
+
+
+@task(name="reuse-corpus-shards")
+def reuse_corpus(plan: CorpusShardPlan) -> FormattedCorpus | None:
+    """The stored shards of this format, when every one is still there."""
+    return reusable_corpus(plan)
+
+
+@task(name="format-name-chunk")
+def format_chunk(store: str, chunk: NameChunk) -> NameShard:
+    """Format one chunk of names on a worker and write it as one shard."""
+    return format_name_chunk(store, chunk)
+
+
+@task(name="index-corpus-shards")
+def index_corpus(plan: CorpusShardPlan, results: list[NameShard]) -> FormattedCorpus:
+    """Write both splits' indexes and the manifest."""
+    return index_corpus_shards(plan, results)
 
 
 @task(name="evaluate")

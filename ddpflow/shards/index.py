@@ -32,6 +32,7 @@ class ShardIndex:
     folder: str  # where the shards are: SHARDS_FOLDER next to the index
     record_shape: tuple[int, ...]
     shards: tuple[ShardInfo, ...]
+    labeled: bool = True  # False: records alone (their targets are part of them)
 
     def __len__(self) -> int:
         return sum(s.count for s in self.shards)
@@ -48,6 +49,7 @@ class ShardIndex:
             {
                 "version": INDEX_VERSION,
                 "record_shape": list(self.record_shape),
+                "labeled": self.labeled,
                 "shards": [s.to_dict() for s in self.shards],
             }
         ).encode()
@@ -64,10 +66,10 @@ def shards_folder(index_uri: str) -> str:
 
 
 def write_index(
-    uri: str, record_shape: tuple[int, ...], shards: tuple[ShardInfo, ...]
+    uri: str, record_shape: tuple[int, ...], shards: tuple[ShardInfo, ...], labeled: bool = True
 ) -> ShardIndex:
     """Write the index of `shards` (written already, in shards_folder(uri)) at `uri`."""
-    index = ShardIndex(shards_folder(uri), tuple(record_shape), tuple(shards))
+    index = ShardIndex(shards_folder(uri), tuple(record_shape), tuple(shards), labeled)
     storage.write_bytes(uri, index.to_json())
     return index
 
@@ -83,19 +85,39 @@ def read_index(uri: str) -> ShardIndex:
             f"{INDEX_VERSION}: format the data again with this ddpflow"
         )
     shards = tuple(ShardInfo.from_dict(s) for s in data["shards"])
-    return ShardIndex(shards_folder(uri), tuple(data["record_shape"]), shards)
+    return ShardIndex(
+        shards_folder(uri), tuple(data["record_shape"]), shards, bool(data.get("labeled", True))
+    )
 
 
 def write_records(
-    uri: str, records: np.ndarray, labels: Sequence[int], per_shard: int
+    uri: str, records: np.ndarray, labels: Sequence[int] | None, per_shard: int
 ) -> ShardIndex:
-    """`records` (uint8 [n, ...]) and their labels as shards of `per_shard` records, in
-    order, then their index at `uri` (last): a split ready to stream."""
+    """`records` (uint8 [n, ...]) and their labels (None: records alone) as shards of
+    `per_shard` records, in order, then their index at `uri` (last): a split ready to
+    stream."""
     if per_shard < 1:
         raise ValueError(f"per_shard={per_shard} must be >= 1 record")
     folder = shards_folder(uri)
     shards = tuple(
-        write_shard(folder, records[lo : lo + per_shard], labels[lo : lo + per_shard])
+        write_shard(
+            folder,
+            records[lo : lo + per_shard],
+            None if labels is None else labels[lo : lo + per_shard],
+        )
         for lo in range(0, len(records), per_shard)
     )
-    return write_index(uri, tuple(records.shape[1:]), shards)
+    return write_index(uri, tuple(records.shape[1:]), shards, labels is not None)
+
+
+def shards_present(*index_uris: str) -> bool:
+    """Whether every shard the indexes at `index_uris` list is in its folder (one listing
+    per folder): a format that lost one is formatted again, which rewrites it."""
+    listed: dict[str, set[str]] = {}
+    for uri in index_uris:
+        index = read_index(uri)
+        if index.folder not in listed:
+            listed[index.folder] = set(storage.list_names(index.folder))
+        if any(shard.name not in listed[index.folder] for shard in index.shards):
+            return False
+    return True

@@ -1,7 +1,9 @@
 """One shard: fixed-size uint8 records and their int64 labels, named by their content digest.
 
 The layout is the records (count x record bytes) followed by the labels (count x 8 bytes,
-little-endian): a reader slices it with numpy, no parsing, no per-sample objects. Its length
+little-endian), or the records alone for data whose targets are in the record (the
+char-LM's windows; the index says which): a reader slices it with numpy, no parsing, no
+per-sample objects. Its length
 and CRC-32 are kept in the index, so a truncated or rewritten shard is caught when it is read,
 before any of its samples reaches a training step. The name is the SHA-256 of the content, so
 the same records write the same shard on any worker, and a shard is never overwritten by
@@ -51,21 +53,29 @@ class ShardInfo:
         return cls(str(data["name"]), int(data["count"]), int(data["nbytes"]), int(data["crc32"]))
 
 
-def encode_shard(records: np.ndarray, labels: Sequence[int]) -> tuple[ShardInfo, bytes]:
-    """(info, bytes) of a shard holding `records` (uint8 [n, ...]) and their labels."""
+def encode_shard(
+    records: np.ndarray, labels: Sequence[int] | None = None
+) -> tuple[ShardInfo, bytes]:
+    """(info, bytes) of a shard holding `records` (uint8 [n, ...]) and their labels, if any."""
     if records.dtype != np.uint8:
         raise ValueError(f"shard records must be uint8, got {records.dtype}")
-    if len(records) != len(labels):
-        raise ValueError(f"{len(records)} records but {len(labels)} labels")
-    data = np.ascontiguousarray(records).tobytes() + np.asarray(labels, "<i8").tobytes()
+    data = np.ascontiguousarray(records).tobytes()
+    if labels is not None:
+        if len(records) != len(labels):
+            raise ValueError(f"{len(records)} records but {len(labels)} labels")
+        data += np.asarray(labels, "<i8").tobytes()
     name = hashlib.sha256(data).hexdigest()[:32] + SUFFIX
     return ShardInfo(name, len(records), len(data), zlib.crc32(data)), data
 
 
 def decode_shard(
-    data: bytes | memoryview, info: ShardInfo, record_shape: tuple[int, ...], shown: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """(records [count, *record_shape] uint8, labels [count] int64), read-only views of
+    data: bytes | memoryview,
+    info: ShardInfo,
+    record_shape: tuple[int, ...],
+    shown: str,
+    labeled: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """(records [count, *record_shape] uint8, labels [count] int64 or None), views of
     `data`; ShardError naming `shown` when the bytes are not the shard the index lists."""
     if len(data) != info.nbytes:
         raise ShardError(
@@ -78,7 +88,7 @@ def decode_shard(
             f"formatting (a corrupt copy or disk). {REFORMAT_HINT}"
         )
     record_bytes = math.prod(record_shape)
-    if info.count * (record_bytes + LABEL_BYTES) != info.nbytes:
+    if info.count * (record_bytes + (LABEL_BYTES if labeled else 0)) != info.nbytes:
         raise ShardError(
             f"shard {shown} holds {info.count} records of {record_shape} by the index, which "
             f"is not its {info.nbytes} bytes: the index belongs to another format. "
@@ -86,7 +96,7 @@ def decode_shard(
         )
     cut = info.count * record_bytes
     records = np.frombuffer(data, np.uint8, cut).reshape(info.count, *record_shape)
-    labels = np.frombuffer(data, "<i8", info.count, offset=cut)
+    labels = np.frombuffer(data, "<i8", info.count, offset=cut) if labeled else None
     return records, labels
 
 
@@ -105,7 +115,8 @@ def read_shard(
     bound_s: float = DEFAULT_READ_BOUND_S,
     on_wait: Callable[[], None] | None = None,
     buffer: bytearray | None = None,
-) -> tuple[np.ndarray, np.ndarray]:
+    labeled: bool = True,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """Read and check one shard, retrying a store that does not answer for `bound_s`.
 
     `buffer` (at least info.nbytes): a local shard is read into it rather than into new
@@ -139,7 +150,7 @@ def read_shard(
         ) from error
     except OutageTooLong as error:
         raise ShardError(f"shard {shown} could not be read: {error}") from error
-    return decode_shard(data, info, record_shape, shown)
+    return decode_shard(data, info, record_shape, shown, labeled)
 
 
 def _read_local(
@@ -167,9 +178,10 @@ def _read_local(
     return view
 
 
-def write_shard(folder: str, records: np.ndarray, labels: Sequence[int]) -> ShardInfo:
-    """Write the shard of `records` and `labels` into `folder` (atomically, storage.write_bytes)
-    unless a shard of the same content is there already; its info for the index."""
+def write_shard(folder: str, records: np.ndarray, labels: Sequence[int] | None = None) -> ShardInfo:
+    """Write the shard of `records` and `labels` (None: records alone) into `folder`
+    (atomically, storage.write_bytes) unless a shard of the same content is there already;
+    its info for the index."""
     info, data = encode_shard(records, labels)
     uri = storage.join(folder, info.name)
     fs, path = storage.url_to_fs(uri)

@@ -33,6 +33,7 @@ from ddpflow.shards.settings import (
     StreamSettings,
 )
 from ddpflow.shards.shard_file import read_shard
+from ddpflow.training.samples import Batch, ToBatch
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class _Held:
     """A shard in memory: views of its bytes, and the buffer they are in (local shards)."""
 
     records: np.ndarray
-    labels: np.ndarray
+    labels: np.ndarray | None  # None: an index of records alone
     buffer: bytearray | None
 
 
@@ -62,8 +63,15 @@ class ShardStream:
         prefetch: int = DEFAULT_PREFETCH,
         on_wait: Callable[[], None] | None = None,
         read_bound_s: float = DEFAULT_READ_BOUND_S,
+        to_batch: ToBatch | None = None,
     ) -> None:
         StreamSettings(window, prefetch, read_bound_s)  # checks them
+        if not index.labeled and to_batch is None:
+            raise ValueError(
+                "the index lists records without labels: pass to_batch, which makes a batch "
+                "of records into (inputs, targets)"
+            )
+        self.to_batch = to_batch
         self.index = index
         self.window = window
         self.prefetch = prefetch
@@ -175,7 +183,12 @@ class ShardStream:
         uri = self.index.uri(shard)
         buffer = self._take_buffer() if self._local else None
         records, labels = read_shard(
-            uri, shard, self.index.record_shape, self.read_bound_s, buffer=buffer
+            uri,
+            shard,
+            self.index.record_shape,
+            self.read_bound_s,
+            buffer=buffer,
+            labeled=self.index.labeled,
         )
         return _Held(records, labels, buffer)
 
@@ -196,8 +209,9 @@ class ShardStream:
             self._release(held)
         self._cache.clear()
 
-    def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`."""
+    def batch(self, index: torch.Tensor) -> Batch:
+        """(uint8 records [n, *record_shape], int64 labels [n]) of the samples at `index`;
+        with `to_batch`, what it makes of the records."""
         sids = self.shards_of(index)
         needed = tuple(np.unique(sids).tolist())
         planned = self._find_planned(index)
@@ -208,13 +222,16 @@ class ShardStream:
         for s in needed:
             at = np.flatnonzero(sids == s)
             records[at] = arrays[s].records[rows[at]]
-            labels[at] = arrays[s].labels[rows[at]]
+            if self.index.labeled:
+                labels[at] = arrays[s].labels[rows[at]]
         if planned:
             self._done_with_batch()
         with self._changed:
             for held in self._retired:
                 self._release(held)
             self._retired.clear()
+        if self.to_batch is not None:
+            return self.to_batch(torch.from_numpy(records))
         return torch.from_numpy(records), torch.from_numpy(labels)
 
     def _find_planned(self, index: torch.Tensor) -> bool:

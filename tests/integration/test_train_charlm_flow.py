@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -301,3 +302,22 @@ def test_evaluation_is_a_prefect_markdown_artifact(trained):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "Pet-name model evaluation" in result.stdout
     assert trained["runs"][0].info.run_id in result.stdout
+
+
+# docs/data.md: with --data-layout shards the names are formatted by one task per chunk on
+# the cluster's workers, and the ranks, the evaluation and the registration read the shards.
+def test_a_sharded_corpus_is_formatted_on_the_workers_and_streamed(tmp_path):
+    args = [*TINY, "--data-layout", "shards", "--shard-mb", "0.1", "--world-size", "2"]
+    result = run_flow("train_charlm", args, tmp_path / "project", timeout_s=400)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-5000:]
+    shards = list((tmp_path / "project" / "artifacts" / "data" / "corpus-shards").glob("shards/*"))
+    chunk_runs = set(re.findall(r"Task run '(format-name-chunk-\w+)' - Finished", output))
+    assert len(shards) == len(chunk_runs) >= 4, (shards, chunk_runs)
+    assert "streamed from shards" in output, output[-5000:]
+    client = project_tracking(tmp_path / "project")
+    (run,) = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])
+    losses = [m.value for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert len(losses) == EPOCHS and losses[-1] < losses[0], losses
+    assert run.data.params["data_layout"] == "shards"
+    assert "registered model   version 1" in output, output[-5000:]

@@ -34,10 +34,9 @@ from ddpflow.registry.promotion_lock import (
 from ddpflow.registry.read import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
 from ddpflow.storage.redact import clean_cause, error_text, redact_url
 from ddpflow.tracking.inspection import record_decision_on_versions
-from ddpflow.workloads.charlm.data import load_windows
+from ddpflow.workloads.charlm.data import open_windows
 from ddpflow.workloads.charlm.decision import Decision, decide
 from ddpflow.workloads.charlm.evaluation import load_model
-from ddpflow.workloads.charlm.formatting import split_xy
 
 __all__ = ["CHAMPION_ALIAS", "Decision", "decide", "promote", "score_version"]
 
@@ -65,9 +64,10 @@ def score_version(client: MlflowClient, model_name: str, version: str, val_uri: 
 def holdout_loss(model: torch.nn.Module, val_uri: str, batch_size: int = 8192) -> float:
     """Mean per-symbol cross-entropy of a pet-name model on the holdout windows."""
     torch.set_num_threads(1)  # runs as a task on a 1-thread Dask worker
-    x_all, y_all = split_xy(load_windows(val_uri))
+    val = open_windows(val_uri)  # in memory, or streamed shard by shard
     total, count = 0.0, 0
-    for x, y in zip(x_all.split(batch_size), y_all.split(batch_size), strict=True):
+    for index in torch.arange(len(val)).split(batch_size):
+        x, y = val.batch(index)
         logits, _ = model(x)
         total += F.cross_entropy(logits.transpose(1, 2), y, reduction="sum").item()
         count += y.numel()

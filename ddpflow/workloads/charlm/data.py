@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 from fsspec.implementations.http import HTTPFileSystem
 
 from ddpflow import storage
+from ddpflow.shards.index import is_index_uri, read_index
+from ddpflow.shards.settings import StreamSettings
 from ddpflow.storage.bounded import call_bounded
 from ddpflow.storage.capped_read import ReadRefused, TooLarge, read_capped, read_timeout_s
 from ddpflow.storage.redact import clean_cause, redact_text, redact_url
@@ -26,7 +28,11 @@ from ddpflow.workloads.charlm.corpus import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+
+    from ddpflow.training.samples import Samples
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -190,3 +196,27 @@ def format_corpus(raw_uri: str, artifact_root: str, holdout_fraction: float) -> 
 
 def load_windows(uri: str) -> torch.Tensor:
     return storage.load_torch(uri)["windows"]
+
+
+def open_windows(
+    uri: str, stream: StreamSettings | None = None, on_wait: Callable[[], None] | None = None
+) -> Samples:
+    """A formatted split as (x, y) samples: held in memory (a `.pt` file, format_corpus) or
+    streamed from its shards (a `.shards.json` index, charlm.shard_format) as `stream`
+    says, calling `on_wait` while a batch waits for its shard (ddpflow.shards.stream)."""
+    from ddpflow.training.samples import TensorSamples
+    from ddpflow.workloads.charlm.formatting import split_xy
+
+    if not is_index_uri(uri):
+        return TensorSamples(load_windows(uri), split_xy)
+    from ddpflow.shards.stream import ShardStream
+
+    stream = stream or StreamSettings()
+    return ShardStream(
+        read_index(uri),
+        stream.window,
+        stream.prefetch,
+        on_wait,
+        stream.read_bound_s,
+        to_batch=split_xy,
+    )

@@ -15,12 +15,10 @@ from ddpflow.distributed.context import RankContext
 from ddpflow.registry.serving import register_checkpoint_model
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.training.samples import TensorSamples
 from ddpflow.training.validation import evaluate_loss
 from ddpflow.workloads.charlm.config import CharLSTMConfig, ModelConfigError
 from ddpflow.workloads.charlm.corpus import MAX_SOURCE_BYTES
-from ddpflow.workloads.charlm.data import FormattedCorpus, load_windows
-from ddpflow.workloads.charlm.formatting import split_xy
+from ddpflow.workloads.charlm.data import FormattedCorpus, open_windows
 from ddpflow.workloads.charlm.model import CharLSTM, check_state_fits
 from ddpflow.workloads.charlm.sampling import generate_names
 from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
@@ -58,7 +56,7 @@ def evaluate_checkpoint(
     """Validation loss on the holdout and names sampled with the tutorial's rule (see sampling)."""
     torch.set_num_threads(1)  # runs on a 1-thread Dask worker next to other work
     model, epoch = load_model(checkpoint_uri)
-    val = TensorSamples(load_windows(val_uri), split_xy)
+    val = open_windows(val_uri)
     val_loss = evaluate_loss(model, val, SINGLE, batch_size=8192)
     names = generate_names(model, num_names, seed=seed)
     # The training names re-encoded as JSON: within twice the source's cap.

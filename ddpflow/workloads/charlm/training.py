@@ -12,10 +12,8 @@ from ddpflow.checkpoint.steps import EpochPosition
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks
 from ddpflow.training.result import TrainResult
-from ddpflow.training.samples import TensorSamples
 from ddpflow.training.speed.device import announce, resolve_speed
-from ddpflow.workloads.charlm.data import load_windows
-from ddpflow.workloads.charlm.formatting import split_xy
+from ddpflow.workloads.charlm.data import open_windows
 from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.charlm.model import CharLSTM
 from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
@@ -62,8 +60,9 @@ def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
         job,
         model=ddp_model,
         optimizer=optimizer,
-        train=TensorSamples(load_windows(job.train_uri), split_xy),
-        val=TensorSamples(load_windows(job.val_uri), split_xy),
+        # A streamed split's batch that waits for its shard is still alive (the hang watch).
+        train=open_windows(job.train_uri, on_wait=ctx.heartbeat),
+        val=open_windows(job.val_uri, on_wait=ctx.heartbeat),
         info=info,
         hooks=FitHooks(speed=speed),
     )

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ddpflow import storage
-from ddpflow.shards.index import SHARDS_FOLDER, read_index, write_index
+from ddpflow.shards.index import SHARDS_FOLDER, shards_present, write_index
 from ddpflow.shards.shard_file import ShardInfo, write_shard
 from ddpflow.storage.redact import redact_url
 from ddpflow.workloads.vision.data import (
@@ -259,10 +259,8 @@ def reusable(plan: ShardPlan) -> FormattedImages | None:
     if not storage.exists(uri):
         return None
     stored = FormattedImages(**json.loads(storage.read_bytes(uri, MANIFEST_MAX_BYTES)))
-    present = set(storage.list_names(storage.join(plan.target.store, SHARDS_FOLDER)))
-    for split_uri in (stored.train_uri, stored.val_uri):
-        if any(s.name not in present for s in read_index(split_uri).shards):
-            return None  # a shard was deleted: format again, which rewrites it
+    if not shards_present(stored.train_uri, stored.val_uri):
+        return None
     return FormattedImages(**{**asdict(stored), "reused": True})
 
 
