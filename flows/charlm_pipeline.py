@@ -38,6 +38,7 @@ from tasks.charlm import (
     index_corpus,
     plan_corpus,
     reuse_corpus,
+    save_train_names,
 )
 from tasks.inspection import describe_datasets
 from tasks.registration import register_trained
@@ -137,8 +138,10 @@ def _format_as_shards(
     if stored is not None:
         return stored
     print(f"corpus: formatting {len(plan.chunks)} chunk(s) of names into shards on the cluster")
+    names = save_train_names.submit(plan.train_names_uri, plan.train_names())
     # One task run per chunk: the Prefect UI counts them as they finish.
     results = format_chunk.map(unmapped(plan.store), plan.chunks)
+    names.result()
     return index_corpus.submit(plan.without_chunks(), results).result()
 
 

@@ -17,6 +17,7 @@ from ddpflow.workloads.charlm.shard_format import (
     index_corpus_shards,
     plan_corpus_shards,
     reusable_corpus,
+    write_train_names,
 )
 from tasks.restarts import DDPWorkload, RankFunction
 
@@ -60,6 +61,12 @@ def plan_corpus(
 def reuse_corpus(plan: CorpusShardPlan) -> FormattedCorpus | None:
     """The stored shards of this format, when every one is still there."""
     return reusable_corpus(plan)
+
+
+@task(name="write-train-names")
+def save_train_names(uri: str, names: list[str]) -> None:
+    """Keep the training names for the evaluation's novelty check."""
+    write_train_names(uri, names)
 
 
 @task(name="format-name-chunk")

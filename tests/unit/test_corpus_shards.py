@@ -17,6 +17,7 @@ from ddpflow.workloads.charlm.shard_format import (
     index_corpus_shards,
     plan_corpus_shards,
     reusable_corpus,
+    write_train_names,
 )
 
 NAMES = [f"name{chr(97 + i % 26)}{chr(97 + i // 26 % 26)}" for i in range(600)]
@@ -26,6 +27,8 @@ def _format(tmp_path):  # noqa: ANN202
     raw = tmp_path / "names.json"
     raw.write_text(json.dumps(NAMES))
     plan = plan_corpus_shards(str(raw), str(tmp_path / "store"), 0.1, shard_mb=0.005)
+    assert not (tmp_path / "store").exists(), "a plan writes nothing: auto may not shard"
+    write_train_names(plan.train_names_uri, plan.train_names())
     results = [format_name_chunk(plan.store, chunk) for chunk in plan.chunks]
     return plan, index_corpus_shards(plan.without_chunks(), results)
 

@@ -5,8 +5,9 @@ process and every rank loads them all: 9 bytes a window, about 70 bytes a name, 
 at the 100 MiB source cap is some 700 MiB in every rank. Here:
 
 1. `plan_corpus_shards` (one process) parses and splits the names as the in-memory path
-   does, writes the training names (for the novelty check of generated names), and cuts
-   each split into chunks of consecutive names of about `shard_mb` formatted.
+   does and cuts each split into chunks of consecutive names of about `shard_mb`
+   formatted; it writes nothing (`auto` may still choose the in-memory path).
+   `write_train_names` then keeps the training names for the novelty check.
 2. `format_name_chunk` (one per chunk, anywhere on the cluster) formats one chunk's windows
    and writes them as one shard of records alone (the targets are in the window:
    ddpflow.shards.shard_file), named by its content, so a rerun writes nothing new.
@@ -63,6 +64,9 @@ class CorpusShardPlan:
     def manifest_uri(self) -> str:
         return storage.join(self.store, f"{self.key}.json")
 
+    def train_names(self) -> list[str]:
+        return [name for chunk in self.chunks if chunk.split == "train" for name in chunk.names]
+
     def without_chunks(self) -> CorpusShardPlan:
         return replace(self, chunks=())
 
@@ -87,8 +91,9 @@ def plan_corpus_shards(
     key = f"{digest[:16]}-v{FORMAT_VERSION}-h{holdout_fraction:g}-w{target}"
     store = storage.join(artifact_root, *STORE_FOLDER)
     key = storage.sha256_hex(key.encode())[:16]
+    # Written by write_train_names once the flow chose shards: `auto` may still format in
+    # memory, and a plan must leave nothing behind then.
     train_names_uri = storage.join(store, f"{key}-train_names.json")
-    storage.write_bytes(train_names_uri, json.dumps(sorted(set(train))).encode())
     chunks = [*_chunks("train", train, target), *_chunks("val", val, target)]
     return CorpusShardPlan(
         store=store,
@@ -101,6 +106,11 @@ def plan_corpus_shards(
         clean_report=report.as_dict(),
         chunks=tuple(chunks),
     )
+
+
+def write_train_names(uri: str, names: Sequence[str]) -> None:
+    """The distinct training names (the evaluation's novelty check reads them)."""
+    storage.write_bytes(uri, json.dumps(sorted(set(names))).encode())
 
 
 def _chunks(split: str, names: Sequence[str], target: int) -> list[NameChunk]:
