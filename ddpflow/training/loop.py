@@ -105,7 +105,10 @@ def fit(
     """
     hooks = hooks or FitHooks()
     history = [] if history is None else history
-    steps_per_epoch = len(_batches(train, plan, ctx, 0))
+    # The count alone: drawing an epoch's order (a stream's shard windows) is not needed.
+    steps_per_epoch = len(
+        step_sizes(len(train), plan.batch_size, ctx.world_size, 0, plan.global_batch)
+    )
     progress = FitProgress(ctx, plan.epochs, steps_per_epoch)
     position = plan.resume_at
     if position is not None and position.epoch != plan.start_epoch:
