@@ -38,9 +38,9 @@ class RankSpec:
     # The address this rank's own connections bind to: its Dask worker's host. None leaves
     # gloo to pick one from the host name (fine on one machine, wrong across hosts).
     bind_host: str | None = None
-    # The launch's secret prefix for every key of the group's store (group_store.py); out of
-    # the repr, which Dask logs with a failed task's arguments. None: keys unprefixed (a
-    # group set up by hand, e.g. a test or a bench on 127.0.0.1).
+    # The launch's secret that seals the group's store (group_store.py); out of the repr,
+    # which Dask logs with a failed task's arguments. None: names and values in the clear
+    # (a group set up by hand, e.g. a test or a bench on 127.0.0.1).
     store_token: str | None = field(default=None, repr=False)
 
 

@@ -1,24 +1,26 @@
-"""The group's key-value store, kept to the group: bound to one address, keys under a secret.
+"""The group's key-value store, kept to the group: bound to one address, sealed with a secret.
 
 The ranks of a group meet through a torch TCPStore that rank 0 serves (gloo's rendezvous,
-main_io's words). A TCPStore has no authentication: whoever reaches its port may read, set
-and delete any key. Two things narrow who that is and what they can do:
+main_io's words). A TCPStore has no authentication: whoever reaches its port may list,
+read, set and delete any key. Two things narrow who that is and what they can do:
 
 - Rank 0's store listens on its worker's address only. TCPStore's `host` argument names
   where clients connect, not where the server listens: its server binds `::` (or 0.0.0.0)
   whatever the host. So rank 0 makes the listening socket itself, bound to that address,
   and hands it over with `master_listen_fd`.
-- Every key the group uses sits under a per-launch prefix, a 128-bit token that the launcher
-  makes in the flow process and sends to the ranks over Dask's own channel. Someone who
-  connects cannot guess the names the group reads (a `ddpflow/main-io/N/checkpoint` they
-  set is not the key rank 1 waits for), and a key that leaked from an earlier launch is
-  useless in the next.
+- The group reads and writes through a SealedStore keyed by a per-launch 128-bit token that
+  the launcher makes in the flow process and sends to the ranks over Dask's own channel.
+  Every name the server holds is an HMAC of the group's name under the token, and every
+  value is encrypted and authenticated with it (sealed_store.py). Someone who connects and
+  lists the keys sees opaque names and reads opaque values; what they write is detected
+  (SealBroken) instead of believed; they cannot compute the name of a key the group will
+  read next; and nothing carries over from one launch to the next.
 
-The prefix is not a secret from someone who reaches the port: TCPStore answers
-`list_keys()` to any client, prefix included. The store is only as private as the network
-between the workers (docs/security.md). Still, nothing of ours writes the token down: it is
-kept out of the rank spec's repr (Dask logs a failed task with its arguments) and out of
-any error that leaves the group (torch's store errors name the keys they waited for).
+What a stranger who reaches the port can still do is stop the group (delete or overwrite
+an entry, fill the server's memory), so the store is only as available as the network
+between the workers is private (docs/security.md). Nothing of ours writes the token down:
+it is kept out of the rank spec's repr (Dask logs a failed task with its arguments) and out
+of any error that leaves the group.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ def open_group_store(
     timeout: timedelta,
     token: str | None,
 ) -> dist.Store:
-    """Rank 0 serves the store on `host`:`port` only; every rank gets it under `token`.
+    """Rank 0 serves the store on `host`:`port` only; every rank gets it sealed with `token`.
 
-    `token` None leaves the keys unprefixed (a group set up by hand, not by the launcher).
+    `token` None leaves names and values plain (a group set up by hand, not by the launcher).
     """
     import torch.distributed as dist
 
@@ -64,7 +66,11 @@ def open_group_store(
         # and a fresh port per launch: nothing to share.
         master_listen_fd=listen_fd,
     )
-    return dist.PrefixStore(token, store) if token else store
+    if not token:
+        return store
+    from ddpflow.distributed.sealed_store import SealedStore  # imports torch
+
+    return SealedStore(store, token)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -88,9 +94,10 @@ def listening_socket(host: str, port: int) -> socket.socket:
 def token_kept_out_of_errors(token: str | None) -> Iterator[None]:
     """Any error leaving this block shows `***` where the token was.
 
-    torch's store errors name the keys they waited for ("wait timeout after 15000ms, keys:
-    /<token>/default_pg/0//cpu//1"), and an error leaving a rank reaches the worker's log,
-    the launcher's LaunchError, and the flow's log and state.
+    A last guard: the group's store names keys by their plain names in its errors
+    (sealed_store), never by the token, but an error leaving a rank reaches the worker's
+    log, the launcher's LaunchError, and the flow's log and state, so no text that quotes
+    the token gets that far.
     """
     try:
         yield

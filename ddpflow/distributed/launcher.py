@@ -175,9 +175,9 @@ def _run_group(
 
 
 def new_store_token() -> str:
-    """The prefix of every key in one group's store (group_store.py): 128 random bits, made
-    in this process. It reaches the ranks only as an argument of their tasks, over Dask's
-    own channel, and is never logged."""
+    """The secret that seals one group's store (group_store.py, sealed_store.py): 128
+    random bits, made in this process. It reaches the ranks only as an argument of their
+    tasks, over Dask's own channel, and is never logged."""
     return secrets.token_hex(16)
 
 

@@ -1,5 +1,6 @@
 """The group's store stays with the group (ddpflow/distributed/group_store.py): rank 0 listens
-on one address, every key sits under the launch's token, and the token is in no error.
+on one address, every name and value is sealed with the launch's token
+(ddpflow/distributed/sealed_store.py), and the token is in no error.
 
 Real torch TCPStores on 127.0.0.1, in this process; a 2-rank group over the launcher is in
 tests/integration/test_store_privacy.py.
@@ -7,6 +8,7 @@ tests/integration/test_store_privacy.py.
 
 from __future__ import annotations
 
+import re
 import threading
 import traceback
 from datetime import timedelta
@@ -21,6 +23,7 @@ from ddpflow.distributed.group_store import (
     open_group_store,
     token_kept_out_of_errors,
 )
+from ddpflow.distributed.sealed_store import SealBroken
 from tests.listeners import listening_addresses
 
 pytestmark = pytest.mark.integration
@@ -51,27 +54,89 @@ def test_a_listening_socket_binds_an_ipv6_address_too():
         assert listening_addresses(sock.getsockname()[1]) == {"::1"}
 
 
-def test_every_key_sits_under_the_token():
+def test_no_name_or_value_the_group_uses_is_stored_in_the_clear():
     port = find_free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     group.set("ddpflow/main-io/0/checkpoint", b"ok")
     raw = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=SECOND)
     assert not raw.check(["ddpflow/main-io/0/checkpoint"])
-    assert raw.get(f"{TOKEN}/ddpflow/main-io/0/checkpoint") == b"ok"
+    assert not raw.check([f"{TOKEN}/ddpflow/main-io/0/checkpoint"])
+    (name,) = raw.list_keys()
+    assert name == group.sealed_name("ddpflow/main-io/0/checkpoint")
+    assert b"ok" not in raw.get(name)
+    assert group.get("ddpflow/main-io/0/checkpoint") == b"ok"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="TCPStore answers list_keys() to any client: the prefix hides the group's keys "
-    "from a stranger who guesses names, not from one who lists them (docs/security.md)",
-)
-def test_a_stranger_who_lists_the_keys_learns_nothing_of_the_group():
+# The keys a gloo group and main_io write, with values as readable as theirs.
+GROUP_VALUES = {
+    "default_pg/0//cpu//0/0": b"127.0.0.1:41234 rank 0 address",
+    "ddpflow/main-io/0/checkpoint": b"ok",
+}
+
+
+def _group_and_a_stranger() -> tuple[dist.Store, dist.TCPStore]:
+    """A group's store holding GROUP_VALUES, and a plain client of its port."""
     port = find_free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
-    group.set("ddpflow/main-io/0/checkpoint", b"ok")
+    for key, value in GROUP_VALUES.items():
+        group.set(key, value)
+    return group, dist.TCPStore("127.0.0.1", port, is_master=False, timeout=SECOND)
+
+
+def test_a_stranger_who_lists_the_keys_learns_nothing_of_the_group():
+    _, stranger = _group_and_a_stranger()
+    listed = stranger.list_keys()
+    assert len(listed) == len(GROUP_VALUES)
+    seen = " ".join(listed) + repr([stranger.get(name) for name in listed])
+    assert TOKEN not in seen
+    for key, value in GROUP_VALUES.items():
+        assert key not in seen and value.decode() not in seen
+        assert not any(part in seen for part in key.split("/") if len(part) > 3)
+
+
+def test_what_a_stranger_writes_under_a_listed_name_is_refused_not_believed():
+    group, stranger = _group_and_a_stranger()
+    checkpoint, rendezvous = group.sealed_name("ddpflow/main-io/0/checkpoint"), None
+    for name in stranger.list_keys():
+        if name != checkpoint:
+            rendezvous = name
+    # A sealed value moved to another name, and a value of the stranger's own.
+    stranger.set(checkpoint, stranger.get(rendezvous))
+    stranger.set(rendezvous, b"failed")
+    for key in GROUP_VALUES:
+        with pytest.raises(SealBroken, match=re.escape(repr(key))):
+            group.get(key)
+
+
+def test_a_stranger_cannot_write_a_key_the_group_will_read():
+    """The names of keys not yet written are unknown outside the group: forging one by its
+    plain name, or under the token as a prefix, leaves the group's key unset."""
+    port = find_free_port()
+    group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=SECOND)
-    assert not any(TOKEN in key for key in stranger.list_keys())
+    future = "ddpflow/main-io/1/checkpoint"
+    stranger.set(future, b"failed")
+    stranger.set(f"{TOKEN}/{future}", b"failed")
+    assert not group.check([future])
+    with pytest.raises(dist.DistStoreError, match=re.escape(future)) as info:
+        group.wait([future], timedelta(seconds=0.3))
+    assert group.sealed_name(future) not in str(info.value), "errors name keys plainly"
+
+
+def test_the_sealed_store_keeps_the_store_api():
+    port = find_free_port()
+    group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
+    assert group.add("count", 2) == 2 and group.add("count", 3) == 5
+    assert group.compare_set("word", "", "first") == b"first"  # not there yet: set
+    assert group.compare_set("word", "first", "second") == b"second"
+    assert group.compare_set("word", "stale", "third") == b"second"  # no match: unchanged
+    group.multi_set(["a", "b"], [b"1", b""])
+    assert group.multi_get(["a", "b"]) == [b"1", b""]
+    assert group.check(["a", "b", "word"]) and group.num_keys() >= 4
+    assert group.delete_key("a") and not group.check(["a"])
+    clone = group.clone()
+    assert clone.get("word") == b"second"
+    assert TOKEN not in repr(group)
 
 
 def test_the_rank_spec_shows_no_token():
@@ -82,7 +147,7 @@ def test_the_rank_spec_shows_no_token():
 
 def test_a_group_whose_peer_never_joins_fails_without_naming_the_token(capfd):
     """Rank 1 connects to the store but never joins the group: rank 0's rendezvous times out
-    with torch's error, which names the key it waited for, prefix and all."""
+    with torch's error, which names the key it waited for by its plain name."""
     port = find_free_port()
     spec = RankSpec(
         0, 2, "127.0.0.1", port, "gloo", 2.0, "t", bind_host="127.0.0.1", store_token=TOKEN
@@ -97,7 +162,7 @@ def test_a_group_whose_peer_never_joins_fails_without_naming_the_token(capfd):
         pass
     joiner.join()
     text = "".join(traceback.format_exception(info.value))
-    assert f"{HIDDEN}/default_pg" in text, "the error names the key it waited for"
+    assert "default_pg/0//cpu//0/1" in text, "the error names the key it waited for"
     assert TOKEN not in text and TOKEN not in repr(info.value)
     out, err = capfd.readouterr()
     assert TOKEN not in out + err, "torch's own log lines name no key"

@@ -1,0 +1,160 @@
+"""A key-value store whose names and values are sealed with the launch's token.
+
+A TCPStore serves anyone who reaches its port, `list_keys()` included, so a prefix alone
+hides nothing from a stranger who lists the keys (group_store's docstring). The group
+therefore talks to rank 0's store through this wrapper:
+
+- Names: each key is stored under HMAC-SHA256(token, name), 128 bits in hex. A listed
+  name says nothing of the key, and a stranger cannot compute the name of a key the group
+  will read next (a forged `ddpflow/main-io/1/checkpoint` lands under a name nobody reads).
+- Values: deterministic authenticated encryption (SIV built from HMAC-SHA256, stdlib only):
+  the value's 128-bit MAC over (name, value) is its IV, and the value is XORed with an
+  HMAC keystream drawn from that IV. A stranger who reads a value learns nothing of it, and
+  a value written or moved by anyone without the token fails its check and raises
+  `SealBroken`, naming the key, instead of being believed. Deterministic, so that
+  compare_set, which the server decides by comparing bytes, still works.
+- Counters (`add`) are plain integers on the server, as they must be for it to add; their
+  names are sealed. A stranger can still delete or overwrite any listed entry: that stops
+  the group (a rank fails with SealBroken or times out), it cannot steer it.
+
+gloo's rendezvous and process groups use set, get and wait (checked on torch 2.14);
+main_io uses set, get and check. What a store cannot seal (append, the queues) raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+
+import torch.distributed as dist
+
+IV_BYTES = 16
+NAME_BYTES = 16
+_BLOCK = hashlib.sha256().digest_size
+
+
+class SealBroken(RuntimeError):
+    """A value in the group's store was not sealed by this launch: someone without the
+    token wrote it."""
+
+
+def _derive(token: str, purpose: bytes) -> bytes:
+    return hmac.digest(token.encode(), b"ddpflow group store: " + purpose, "sha256")
+
+
+def _as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)
+
+
+class SealedStore(dist.Store):
+    """`underlying_store` with every name HMACed and every value sealed under `token`."""
+
+    def __init__(self, underlying_store: dist.Store, token: str) -> None:
+        super().__init__()
+        self.underlying_store = underlying_store
+        self._token = token
+        self._name_key = _derive(token, b"names")
+        self._iv_key = _derive(token, b"iv")
+        self._stream_key = _derive(token, b"stream")
+
+    def __repr__(self) -> str:  # the token stays out of any log of this object
+        return f"SealedStore({self.underlying_store!r})"
+
+    def sealed_name(self, key: str) -> str:
+        """The name `key` is stored under."""
+        return hmac.digest(self._name_key, key.encode(), "sha256")[:NAME_BYTES].hex()
+
+    def seal(self, key: str, value: bytes | str) -> bytes:
+        plain = _as_bytes(value)
+        iv = self._iv(key, plain)
+        return iv + self._xor(iv, plain)
+
+    def unseal(self, key: str, sealed: bytes) -> bytes:
+        iv, body = sealed[:IV_BYTES], sealed[IV_BYTES:]
+        plain = self._xor(iv, body) if len(iv) == IV_BYTES else b""
+        if len(iv) < IV_BYTES or not hmac.compare_digest(iv, self._iv(key, plain)):
+            raise SealBroken(
+                f"the group's store holds a value for {key!r} that this launch did not write: "
+                "someone without the launch's token wrote to rank 0's store. Keep the "
+                "workers' network private (docs/security.md, 'The DDP data plane')"
+            )
+        return plain
+
+    def _iv(self, key: str, plain: bytes) -> bytes:
+        return hmac.digest(self._iv_key, key.encode() + b"\0" + plain, "sha256")[:IV_BYTES]
+
+    def _xor(self, iv: bytes, data: bytes) -> bytes:
+        if not data:
+            return b""
+        blocks = -(-len(data) // _BLOCK)
+        stream = b"".join(
+            hmac.digest(self._stream_key, iv + i.to_bytes(4, "big"), "sha256")
+            for i in range(blocks)
+        )
+        mixed = int.from_bytes(data, "big") ^ int.from_bytes(stream[: len(data)], "big")
+        return mixed.to_bytes(len(data), "big")
+
+    @contextmanager
+    def _named_errors(self, keys: Sequence[str]) -> Iterator[None]:
+        """torch's store errors name the keys they waited for: name ours, not their seals."""
+        try:
+            yield
+        except dist.DistStoreError as error:
+            text = str(error)
+            for key in keys:
+                text = text.replace(self.sealed_name(key), key)
+            raise type(error)(text) from None
+
+    # The store API, as torch's Python stores define it.
+    def set(self, key: str, value: bytes | str) -> None:
+        self.underlying_store.set(self.sealed_name(key), self.seal(key, value))
+
+    def get(self, key: str) -> bytes:
+        with self._named_errors([key]):
+            sealed = self.underlying_store.get(self.sealed_name(key))
+        return self.unseal(key, sealed)
+
+    def multi_set(self, keys: list[str], values: list[bytes | str]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self.set(key, value)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.get(key) for key in keys]
+
+    def add(self, key: str, amount: int) -> int:
+        return self.underlying_store.add(self.sealed_name(key), amount)
+
+    def compare_set(self, key: str, expected: bytes | str, desired: bytes | str) -> bytes:
+        # An empty expected value means "not there yet" to the server: it stays empty.
+        wanted = self.seal(key, expected) if _as_bytes(expected) else b""
+        current = self.underlying_store.compare_set(
+            self.sealed_name(key), wanted, self.seal(key, desired)
+        )
+        return self.unseal(key, current) if current else current
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        names = [self.sealed_name(key) for key in keys]
+        with self._named_errors(keys):
+            if timeout is None:
+                self.underlying_store.wait(names)
+            else:
+                self.underlying_store.wait(names, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.underlying_store.check([self.sealed_name(key) for key in keys])
+
+    def delete_key(self, key: str) -> bool:
+        return self.underlying_store.delete_key(self.sealed_name(key))
+
+    def num_keys(self) -> int:
+        return self.underlying_store.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        super().set_timeout(timeout)
+        self.underlying_store.set_timeout(timeout)
+
+    def clone(self) -> SealedStore:
+        return SealedStore(self.underlying_store.clone(), self._token)
