@@ -42,6 +42,7 @@ SHARED_GROUPS = {
 # 15-minute group last would leave the other idle for its whole length.
 HEAVY_FIRST = [
     "charlm-reference",  # ~1000 s
+    "test_compose_stack",  # ~600 s on a fresh machine, most of it building images (little CPU)
     "test_deployments",  # ~400 s
     "test_outages",  # ~330 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
