@@ -79,7 +79,8 @@ class SealedStore(dist.Store):
             raise SealBroken(
                 f"the group's store holds a value for {key!r} that this launch did not write: "
                 "someone without the launch's token wrote to rank 0's store. Keep the "
-                "workers' network private (docs/security.md, 'The DDP data plane')"
+                "workers' network private (docs/security.md, 'What a training opens on the "
+                "network')"
             )
         return plain
 

@@ -49,11 +49,12 @@ SERVICES = [
 TINY = {"epochs": 1, "hidden_size": 16, "num_layers": 1, "batch_size": 4096, "num_names": 2}
 
 
+# docker-compose on the recipe with the test's swaps, as project PROJECT_NAME.
+COMPOSE = ["docker-compose", "-p", PROJECT_NAME, "-f", "compose.yaml", "-f", "compose.test.yaml"]
+
+
 def compose(stack: Path, *args: str, timeout_s: float = 900) -> str:
-    result = run(
-        "docker-compose", "-p", PROJECT_NAME, "-f", "compose.yaml", "-f", "compose.test.yaml",
-        *args, cwd=stack, timeout_s=timeout_s,
-    )  # fmt: skip
+    result = run(*COMPOSE, *args, cwd=stack, timeout_s=timeout_s)
     return result.stdout + result.stderr
 
 
@@ -139,15 +140,14 @@ def stack(tmp_path_factory) -> Iterator[dict]:
         )
         yield {"folder": folder, "env": env}
     finally:
+        # Unchecked: the stack comes down whatever state it is in.
         logs = subprocess.run(
-            ["docker-compose", "-p", PROJECT_NAME, "-f", "compose.yaml", "-f", "compose.test.yaml",
-             "logs", "--no-color", "--tail", "60"],
+            [*COMPOSE, "logs", "--no-color", "--tail", "60"],
             cwd=folder, capture_output=True, text=True, check=False,
         )  # fmt: skip
         (folder / "stack.log").write_text(logs.stdout + logs.stderr)
         subprocess.run(
-            ["docker-compose", "-p", PROJECT_NAME, "-f", "compose.yaml", "-f", "compose.test.yaml",
-             "down", "-v", "--timeout", "10"],
+            [*COMPOSE, "down", "-v", "--timeout", "10"],
             cwd=folder, capture_output=True, check=False, timeout=300,
         )  # fmt: skip
         if engine is not None:
@@ -169,29 +169,22 @@ def trained(stack) -> dict:
     return {**stack, "output": output}
 
 
-def test_a_deployment_run_trains_on_the_stack_and_registers(trained):
+def test_a_deployment_run_trains_on_the_stack_and_registers(trained, monkeypatch):
     assert "Completed" in trained["output"], trained["output"][-4000:]
     env = trained["env"]
-    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     from mlflow import MlflowClient
 
-    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-    os.environ["MLFLOW_TRACKING_USERNAME"] = env["MLFLOW_TRACKING_USERNAME"]
-    os.environ["MLFLOW_TRACKING_PASSWORD"] = env["MLFLOW_TRACKING_PASSWORD"]
-    try:
-        client = MlflowClient("http://127.0.0.1:5000")
-        experiment = client.get_experiment_by_name("ddpflow-charlm")
-        (run_,) = client.search_runs([experiment.experiment_id])
-        assert run_.info.status == "FINISHED"
-        assert run_.data.metrics["val_loss"] > 0
-        versions = client.search_model_versions("name='ddpflow-charlm'")
-        assert len(versions) == 1 and versions[0].run_id == run_.info.run_id
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    # MLflow's client reads its basic-auth credentials from the environment.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", env["MLFLOW_TRACKING_USERNAME"])
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", env["MLFLOW_TRACKING_PASSWORD"])
+    client = MlflowClient("http://127.0.0.1:5000")
+    experiment = client.get_experiment_by_name("ddpflow-charlm")
+    (run_,) = client.search_runs([experiment.experiment_id])
+    assert run_.info.status == "FINISHED"
+    assert run_.data.metrics["val_loss"] > 0
+    versions = client.search_model_versions("name='ddpflow-charlm'")
+    assert len(versions) == 1 and versions[0].run_id == run_.info.run_id
     s3 = s3_client(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ddpflow").get("Contents", [])]
     assert any(re.search(r"^artifacts/runs/.+/checkpoints/epoch-0001\.pt$", k) for k in keys), keys
