@@ -1,7 +1,7 @@
 """The types of the flows' parameters: bounds and help, declared once.
 
 A flow parameter's type, bounds and help are these annotated types (or a field of a model in
-flows.params built on them); its default is in flows.defaults. The trial fields
+flows.params built on them); its default is in that model. The trial fields
 (seed to dropout, the first group below) are what a sweep trial may set. Each type carries its
 bounds as pydantic metadata: the flows' parameter models
 (flows.params) validate with them and the sweep's per-trial check (ddpflow.workloads.sweep.config)

@@ -1,22 +1,23 @@
-"""`python -m flows.<name> --param value`: flow parameters as command-line options."""
+"""`python -m flows.<name> --field value`: a flow's parameter model as command-line options."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import inspect
 import json
 import os
 import sys
-import types
 import typing
 from typing import Any
 
 from prefect import Flow
+from prefect.exceptions import ParameterTypeError
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
+from pydantic import ValidationError
 
 from ddpflow.integrations.prefect import early_api
 from ddpflow.storage.redact import redact_text
+from flows.param_docs import field_help, parameter_model
 
 # Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
 # Its default 5 retries span about 30 s, less than a server restart on a busy host takes
@@ -39,24 +40,6 @@ def prefect_client_retries() -> contextlib.AbstractContextManager[Any]:
     return temporary_settings({PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES})
 
 
-def _scalar_type(annotation: Any) -> type:
-    if isinstance(annotation, str):
-        annotation = eval(annotation, {}, {})  # noqa: S307 - annotations of our own flows
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
-        return args[0]
-    return annotation
-
-
-def _parse_bool(text: str) -> bool:
-    lowered = text.strip().lower()
-    if lowered in ("true", "1", "yes"):
-        return True
-    if lowered in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
 def _parse_json(text: str) -> Any:
     try:
         return json.loads(text)
@@ -64,47 +47,67 @@ def _parse_json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
 
 
-def _arg_type(annotation: Any) -> Any:
-    """bool, dict and list parameters need parsing; `bool("false")` would be True."""
-    scalar = _scalar_type(annotation)
-    if scalar is bool:
-        return _parse_bool
-    if typing.get_origin(scalar) in (dict, list) or scalar in (dict, list):
-        return _parse_json  # e.g. --grid '{"lr": [0.001, 0.01]}'
-    return scalar
+def _takes_json(annotation: Any) -> bool:
+    """A dict or list field (e.g. --grid '{"lr": [0.001, 0.01]}') is given as JSON."""
+    members = typing.get_args(annotation) or (annotation,)
+    return any(typing.get_origin(m) in (dict, list) or m in (dict, list) for m in members)
 
 
-def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
-    """Parse --name value for each flow parameter, run the flow, exit 1 on failure."""
+def _redacted(value: Any) -> Any:
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    return value
+
+
+def parse_args(flow: Flow, argv: list[str] | None = None) -> dict[str, Any]:
+    """The fields given on the command line (--field value), as text, or JSON for a dict or
+    list field; `--help` lists every field of the flow's parameter model."""
     # Under `python -m`, the flow's module is __main__; its spec still has the real name.
     spec = getattr(sys.modules.get(flow.fn.__module__), "__spec__", None)
     module = spec.name if spec else flow.fn.__module__
     parser = argparse.ArgumentParser(
         prog=f"python -m flows.{module.split('.')[-1]}", description=flow.description
     )
-    hints = typing.get_type_hints(flow.fn)  # resolves `from __future__` string annotations
-    # Each parameter's help as Prefect's parameter schema shows it (flows.param_flow).
-    schema = flow.parameters.properties
-    for name, param in inspect.signature(flow.fn).parameters.items():
-        described = schema.get(name, {}).get("description")
+    for field, info in parameter_model(flow)[1].model_fields.items():
         parser.add_argument(
-            f"--{name.replace('_', '-')}",
-            dest=name,
-            default=param.default,
-            type=_arg_type(hints.get(name, param.annotation)),
-            help=f"{described.replace('%', '%%')}; default: {param.default!r}"
-            if described
-            else f"default: {param.default!r}",
+            f"--{field.replace('_', '-')}",
+            dest=field,
+            default=argparse.SUPPRESS,
+            type=_parse_json if _takes_json(info.annotation) else str,
+            help=f"{field_help(info)}; default: {info.default!r}".replace("%", "%%"),
         )
-    args = vars(parser.parse_args(argv))
+    return vars(parser.parse_args(argv))
+
+
+def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
+    """Run the flow with the fields given on the command line; exit 1 on failure.
+
+    Values are text, parsed by the flow's parameter model as Prefect would parse them. A
+    valid set goes to the flow as the model, so Prefect records every field. An invalid one
+    goes as given but redacted: Prefect records the run and refuses it with the model's
+    explanation, and a credential in a URI never reaches its records (a value that
+    redaction changes is one the model refuses: flows.params).
+    """
+    given = parse_args(flow, argv)
+    name, model = parameter_model(flow)
+    try:
+        value: Any = model.model_validate(given)
+    except ValidationError:
+        value = _redacted(given)
     # The ephemeral API server would try to send telemetry over a network we may not have.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     early_api.adopt()  # after argument errors, which need no server
     try:
         with prefect_client_retries():
-            return flow(**args)
+            return flow(**{name: value})
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback
         # Errors raised by ddpflow are redacted already; a library's may quote a URL.
         reason = redact_text(str(error)) or type(error).__name__  # TimeoutError() says nothing
+        if isinstance(error, ParameterTypeError):  # Prefect lists them one per line
+            reason = reason.replace("\n - ", " ")
         print(f"\nddpflow: {flow.name} failed: {reason}", file=sys.stderr)
         sys.exit(1)

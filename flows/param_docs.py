@@ -1,14 +1,14 @@
-"""The flows' parameter tables in the docs, generated from the parameters' declaration.
+"""How the flows' parameters are shown: `--help` and the docs' parameter tables.
 
-`python -m flows.param_docs` rewrites every table between the markers
+Both come from the flow's parameter model (flows.params). `python -m flows.param_docs`
+rewrites every table between the markers
 
     <!-- parameters: train-charlm -->
     <!-- end parameters -->
 
-in README.md and docs/*.md from the flow's declared parameters (flows.params for type,
-limits and help, flows.defaults for the default); `--check` only reports the files whose
-tables differ and exits 1. tests/integration/test_param_declaration.py runs the check, so a table
-never drifts from the code.
+in README.md and docs/*.md; `--check` only reports the files whose tables differ and exits 1.
+tests/integration/test_param_declaration.py runs the check, so a table never drifts from the
+code.
 """
 
 from __future__ import annotations
@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import types
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from flows.param_flow import declared, limits, wire_type
-from flows.redacted_flow import RedactedParamsFlow
+from prefect import Flow
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from ddpflow.param_types import BOUNDS, bounds_of
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(
@@ -30,8 +34,8 @@ BLOCK = re.compile(
 )
 
 
-def flows() -> dict[str, RedactedParamsFlow]:
-    """Every flow with declared parameters, by flow name."""
+def flows() -> dict[str, Flow]:
+    """Every flow with a parameter model, by flow name."""
     from flows.retrain_charlm import retrain_charlm
     from flows.scaling_charlm import scaling_charlm
     from flows.scaling_images import scaling_images
@@ -43,14 +47,63 @@ def flows() -> dict[str, RedactedParamsFlow]:
     return {f.name: f for f in [*found, scaling_charlm, scaling_images]}
 
 
-def _type_name(annotation: Any) -> str:
-    if annotation is type(None):
-        return "unset"
-    if isinstance(annotation, type) and not typing.get_args(annotation):
-        return annotation.__name__
-    if typing.get_args(annotation) and typing.get_origin(annotation) in (dict, list):
-        return "JSON " + ("object" if typing.get_origin(annotation) is dict else "list")
-    return " or ".join(_type_name(a) for a in typing.get_args(annotation))
+def parameter_model(flow: Flow) -> tuple[str, type[BaseModel]]:
+    """The flow's one parameter: its name and its model."""
+    hints = typing.get_type_hints(flow.fn)
+    [(name, model)] = [(k, v) for k, v in hints.items() if k != "return"]
+    return name, model
+
+
+def field_help(info: FieldInfo) -> str:
+    """The field's description, with its limits ("1 to 64") after it."""
+    shown = limits(info)
+    return f"{info.description} [{shown}]" if shown else str(info.description)
+
+
+def limits(info: FieldInfo) -> str:
+    """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam, sgd"."""
+    choices = _choices(info.annotation)
+    if choices:
+        return ", ".join(str(c) for c in choices)
+    if any(getattr(m, "min_length", None) for m in info.metadata):
+        return "not empty"
+    found = bounds_of(info)
+    if found.keys() == {"ge", "le"}:
+        return f"{_number(found['ge'])} to {_number(found['le'])}"
+    return ", ".join(f"{BOUNDS[k]} {_number(v)}" for k, v in found.items())
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    return typing.get_args(annotation) if union else (annotation,)
+
+
+def _choices(annotation: Any) -> list[Any]:
+    """The values of a Literal; with bool | Literal["auto"], the named ones first."""
+    members = sorted(_members(annotation), key=lambda m: typing.get_origin(m) is not Literal)
+    if not any(typing.get_origin(m) is Literal for m in members):
+        return []
+    named = [v for m in members if typing.get_origin(m) is Literal for v in typing.get_args(m)]
+    return named + (["true", "false"] if bool in members else [])
+
+
+def type_name(annotation: Any) -> str:
+    """ "int", "float or unset", "JSON object": what a user passes."""
+    names = []
+    for member in _members(annotation):
+        if member is type(None):
+            names.append("unset")
+        elif typing.get_origin(member) is Literal:
+            names.append(type(typing.get_args(member)[0]).__name__)
+        elif typing.get_origin(member) in (dict, list):
+            names.append("JSON " + ("object" if typing.get_origin(member) is dict else "list"))
+        else:
+            names.append(member.__name__)
+    return " or ".join(dict.fromkeys(names))
 
 
 def _default(value: Any) -> str:
@@ -65,18 +118,19 @@ def _default(value: Any) -> str:
     return f"`{value}`"
 
 
-def table(flow: RedactedParamsFlow) -> str:
-    """The flow's parameters as a markdown table, one row per parameter, in order."""
-    parameters = declared(flow)
+def table(flow: Flow) -> str:
+    """The fields of the flow's parameter model as a markdown table, one row each."""
+    name, model = parameter_model(flow)
     rows = [
-        "| parameter | type | default | allowed | meaning |",
+        f"Fields of the flow's parameter `{name}` (`{model.__name__}`):",
+        "",
+        "| field | type | default | allowed | meaning |",
         "|---|---|---|---|---|",
     ]
-    for name, default in parameters.defaults.items():
-        info = parameters.fields[name]
-        kind = _type_name(wire_type(info.annotation))
+    for field, info in model.model_fields.items():
+        kind, default = type_name(info.annotation), _default(info.default)
         meaning = str(info.description).replace("|", "\\|")
-        rows.append(f"| `{name}` | {kind} | {_default(default)} | {limits(info)} | {meaning} |")
+        rows.append(f"| `{field}` | {kind} | {default} | {limits(info)} | {meaning} |")
     return "\n".join(rows) + "\n"
 
 

@@ -18,30 +18,27 @@ if __name__ == "__main__":
 
     start_services()
 
+from prefect import flow
+
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.workloads.charlm.decision import Decision
 from flows.charlm_pipeline import run_charlm_pipeline
 from flows.cli import run_cli
-from flows.defaults import RETRAIN_CHARLM
-from flows.param_flow import FlowParameters, flow
-from flows.params import CharLMParams, RetrainParams
+from flows.params import RetrainParams
 from tasks.retrain import score_and_promote
 
-PARAMETERS = FlowParameters(RETRAIN_CHARLM, (RetrainParams, CharLMParams))
 
-
-@flow(PARAMETERS, name="retrain-charlm", task_runner=dask_task_runner(), log_prints=True)
-def retrain_charlm(checked: tuple[RetrainParams, CharLMParams]) -> Decision:
+@flow(name="retrain-charlm", task_runner=dask_task_runner(), log_prints=True)
+def retrain_charlm(training: RetrainParams = RetrainParams()) -> Decision:  # noqa: B008 - frozen
     """Train a challenger and promote it to `champion` only if it is better by `margin`."""
-    rule, params = checked
-    margin = rule.margin
+    margin = training.margin
     settings = Settings.from_env()
     summary, run, corpus = run_charlm_pipeline(
-        params, settings, tags={"ddpflow.role": "challenger"}
+        training, settings, tags={"ddpflow.role": "challenger"}
     )
     decision = score_and_promote.submit(
-        run, params.model_name, summary.model_version, corpus.val_uri, margin
+        run, training.model_name, summary.model_version, corpus.val_uri, margin
     ).result()
     print(summary.render(settings))
     print(

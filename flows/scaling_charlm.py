@@ -15,6 +15,8 @@ if __name__ == "__main__":
 
     start_services()
 
+from prefect import flow
+
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
@@ -28,9 +30,7 @@ from flows.charlm_pipeline import (
     start_charlm_run,
 )
 from flows.cli import run_cli
-from flows.defaults import SCALING_CHARLM
-from flows.param_flow import FlowParameters, flow
-from flows.params import CharLMParams, ScalingParams
+from flows.params import CharLMParams, CharLMScalingParams
 from flows.scaling import (
     NOT_REGISTERED,
     ScalingSummary,
@@ -46,18 +46,17 @@ WORKLOAD = "charlm-scaling"
 TABLE_KEY = "charlm-scaling"
 
 
-# What a scaling run sets itself, for the training's own parameter checks.
-PARAMETERS = FlowParameters(
-    SCALING_CHARLM,
-    (ScalingParams, CharLMParams),
-    fixed={"world_size": None, "num_names": 0, "model_name": NOT_REGISTERED},
-)
-
-
-@flow(PARAMETERS, name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
-def scaling_charlm(checked: tuple[ScalingParams, CharLMParams]) -> ScalingSummary:
+@flow(name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
+def scaling_charlm(
+    scaling: CharLMScalingParams = CharLMScalingParams(),  # noqa: B008 - frozen
+) -> ScalingSummary:
     """Train the pet-name LSTM at each world size in turn and compare the throughput."""
-    scaling, params = checked
+    # Each size trains as train-charlm would, with nothing to generate or register.
+    params = CharLMParams(
+        **scaling.model_dump(exclude={"world_sizes", "target_loss"}),
+        num_names=0,
+        model_name=NOT_REGISTERED,
+    )
     settings = Settings.from_env()
     sizes = begin(settings, WORKLOAD, scaling.world_sizes)
     raw, corpus = prepare_corpus(params, settings)

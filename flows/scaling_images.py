@@ -15,6 +15,8 @@ if __name__ == "__main__":
 
     start_services()
 
+from prefect import flow
+
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
@@ -22,9 +24,7 @@ from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.scaling import Target
 from ddpflow.workloads.vision.job import ImageTrainJob
 from flows.cli import run_cli
-from flows.defaults import SCALING_IMAGES
-from flows.param_flow import FlowParameters, flow
-from flows.params import ImageParams, ScalingParams
+from flows.params import ImageParams, ImageScalingParams
 from flows.scaling import (
     NOT_REGISTERED,
     ScalingSummary,
@@ -41,18 +41,16 @@ WORKLOAD = "images-scaling"
 TABLE_KEY = "images-scaling"
 
 
-# What a scaling run sets itself, for the training's own parameter checks.
-PARAMETERS = FlowParameters(
-    SCALING_IMAGES,
-    (ScalingParams, ImageParams),
-    fixed={"world_size": None, "model_name": NOT_REGISTERED},
-)
-
-
-@flow(PARAMETERS, name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
-def scaling_images(checked: tuple[ScalingParams, ImageParams]) -> ScalingSummary:
+@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
+def scaling_images(
+    scaling: ImageScalingParams = ImageScalingParams(),  # noqa: B008 - frozen
+) -> ScalingSummary:
     """Fine-tune the ResNet at each world size in turn and compare the throughput."""
-    scaling, params = checked
+    # Each size trains as train-images would, with nothing to register.
+    params = ImageParams(
+        **scaling.model_dump(exclude={"world_sizes", "target_accuracy"}),
+        model_name=NOT_REGISTERED,
+    )
     settings = Settings.from_env()
     sizes = begin(settings, WORKLOAD, scaling.world_sizes)
     source, data, weights_uri = prepare_images(params, settings)

@@ -19,6 +19,7 @@ if __name__ == "__main__":
 import json
 from typing import Any
 
+from prefect import flow
 from prefect.runtime import flow_run
 
 from ddpflow.config import Settings
@@ -42,9 +43,7 @@ from ddpflow.workloads.sweep import (
 from ddpflow.workloads.sweep.report import best, log_to_parent, plots, table_rows
 from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
-from flows.defaults import SWEEP_CHARLM
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
-from flows.param_flow import FlowParameters, flow
 from flows.params import ParameterError, SweepParams
 from flows.preflight import rank_workers, run_preflight
 from flows.summary import mlflow_ui_hint
@@ -59,30 +58,25 @@ WORKLOAD = "charlm-sweep"
 TRIAL_DEFAULTS = ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed")
 
 
-@flow(
-    FlowParameters(SWEEP_CHARLM, (SweepParams,)),
-    name="sweep-charlm",
-    task_runner=dask_task_runner(),
-    log_prints=True,
-)
-def sweep_charlm(params: SweepParams) -> SweepSummary:
+@flow(name="sweep-charlm", task_runner=dask_task_runner(), log_prints=True)
+def sweep_charlm(sweep: SweepParams = SweepParams()) -> SweepSummary:  # noqa: B008 - frozen
     """Train one pet-name model per trial, concurrently on the Dask cluster, and compare them."""
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
-    specs = _plan_trials(params)
+    specs = _plan_trials(sweep)
     # Pre-flight before any download: enough workers for one trial, then store and tracking.
-    workers = _cluster_workers(params.ranks_per_trial)
-    run_preflight(settings, params.ranks_per_trial)
-    setup = _start_sweep(params, settings, specs)
+    workers = _cluster_workers(sweep.ranks_per_trial)
+    run_preflight(settings, sweep.ranks_per_trial)
+    setup = _start_sweep(sweep, settings, specs)
     parent = setup.parent
     with failed_on_error(parent):
-        outcomes = _run_trials(specs, setup, workers, params)
-        summary = _compare_and_register(outcomes, parent, params, setup.corpus.val_uri)
+        outcomes = _run_trials(specs, setup, workers, sweep)
+        summary = _compare_and_register(outcomes, parent, sweep, setup.corpus.val_uri)
     end_run(parent, failed=summary.num_completed == 0)
     if summary.best_run_id is not None:
         best_run = RunRef(parent.tracking_uri, summary.best_run_id)
         publish_mlflow_links(
-            best_run, "charlm-sweep-mlflow", params.model_name, summary.model_version
+            best_run, "charlm-sweep-mlflow", sweep.model_name, summary.model_version
         )
     print(summary.render(mlflow_ui_hint(settings.tracking_uri, parent.run_id)))
     if summary.num_completed == 0:

@@ -11,22 +11,20 @@ if __name__ == "__main__":
 
     start_services()
 
+from prefect import flow
+
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
 from flows.cli import run_cli
-from flows.defaults import TRAIN_CHARLM
-from flows.param_flow import FlowParameters, flow
 from flows.params import CharLMParams
 
-PARAMETERS = FlowParameters(TRAIN_CHARLM, (CharLMParams,))
 
-
-@flow(PARAMETERS, name="train-charlm", task_runner=dask_task_runner(), log_prints=True)
-def train_charlm(params: CharLMParams) -> CharLMSummary:
+@flow(name="train-charlm", task_runner=dask_task_runner(), log_prints=True)
+def train_charlm(training: CharLMParams = CharLMParams()) -> CharLMSummary:  # noqa: B008 - frozen
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     settings = Settings.from_env()
-    summary, _, _ = run_charlm_pipeline(params, settings)
+    summary, _, _ = run_charlm_pipeline(training, settings)
     print(summary.render(settings))
     return summary
 

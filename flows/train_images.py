@@ -14,7 +14,7 @@ if __name__ == "__main__":
 
 from dataclasses import dataclass
 
-from prefect import unmapped
+from prefect import flow, unmapped
 
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
@@ -30,9 +30,7 @@ from ddpflow.workloads.vision.config import ImageModelConfig
 from ddpflow.workloads.vision.data import FormattedImages, ImageSpec
 from ddpflow.workloads.vision.job import ImageTrainJob
 from flows.cli import run_cli
-from flows.defaults import TRAIN_IMAGES
 from flows.inspection import publish_mlflow_links, tag_flow_run
-from flows.param_flow import FlowParameters, flow
 from flows.params import ImageParams
 from flows.preflight import run_preflight
 from flows.summary import mlflow_ui_hint
@@ -93,29 +91,24 @@ class ImageSummary:
         )
 
 
-@flow(
-    FlowParameters(TRAIN_IMAGES, (ImageParams,)),
-    name="train-images",
-    task_runner=dask_task_runner(),
-    log_prints=True,
-)
-def train_images(params: ImageParams) -> ImageSummary:
+@flow(name="train-images", task_runner=dask_task_runner(), log_prints=True)
+def train_images(training: ImageParams = ImageParams()) -> ImageSummary:  # noqa: B008 - frozen
     """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
     settings = Settings.from_env()
     tag_flow_run(WORKLOAD)
     # Pre-flight: an unusable store, tracking server or cluster fails before any work.
-    ranks = run_preflight(settings, params.world_size)
+    ranks = run_preflight(settings, training.world_size)
 
-    source, data, weights_uri = prepare_images(params, settings)
-    run = start_images_run(params, settings, source, data, len(ranks))
+    source, data, weights_uri = prepare_images(training, settings)
+    run = start_images_run(training, settings, source, data, len(ranks))
     # Everything a run writes lives under its own folder: concurrent runs never collide.
     run_dir = storage.join(settings.artifact_root, "runs", run.run_id)
     with failed_on_error(run):
         summary = _train_evaluate_register(
-            params, data, weights_uri, run, run_dir, len(ranks), settings.launch
+            training, data, weights_uri, run, run_dir, len(ranks), settings.launch
         )
     end_run(run, unsent=summary.unsent)
-    publish_mlflow_links(run, "images-mlflow", params.model_name, summary.model_version)
+    publish_mlflow_links(run, "images-mlflow", training.model_name, summary.model_version)
     print(summary.render(settings))
     return summary
 

@@ -10,6 +10,7 @@ made by `python -m infra.compose_secrets` and certificates by `python -m infra.c
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -161,7 +162,7 @@ def trained(stack) -> dict:
     folder = stack["folder"]
     in_worker(folder, "prefect", "--no-prompt", "deploy", "--prefect-file",
               "deployments/prefect.yaml", "--name", "charlm-ddp")  # fmt: skip
-    flags = [f"--param={k}={v}" for k, v in TINY.items()]
+    flags = [f"--param=training={json.dumps(TINY)}"]
     output = in_worker(
         folder, "prefect", "deployment", "run", "train-charlm/charlm-ddp", *flags,
         "--watch", "--watch-timeout", "600", timeout_s=700,

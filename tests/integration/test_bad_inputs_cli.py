@@ -74,14 +74,14 @@ def _flow_seconds(stderr: str) -> float:
 
 def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path) -> None:
     _fails_naming(
-        "train_charlm", ["--rank-timeout-s", "inf"], project, "rank_timeout_s=inf", "e.g. 120"
+        "train_charlm", ["--rank-timeout-s", "inf"], project, "rank_timeout_s='inf'", "e.g. 120"
     )
 
 
 def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path) -> None:
     seed = str(MAX_SEED + 1)
     _fails_naming(
-        "sweep_charlm", ["--seed", seed], project, f"seed={seed}", f"from 0 to {MAX_SEED}"
+        "sweep_charlm", ["--seed", seed], project, f"seed='{seed}'", f"from 0 to {MAX_SEED}"
     )
 
 

@@ -80,7 +80,9 @@ def prefect(env: dict[str, str], *args: str, timeout_s: float = 400) -> str:
 
 
 def _param_flags(params: dict[str, object]) -> list[str]:
-    return [arg for k, v in params.items() for arg in ("--param", f"{k}={v}")]
+    # A flow's parameter model (`training={...}`) goes as JSON, as a user types it.
+    shown = {k: json.dumps(v) if isinstance(v, dict) else v for k, v in params.items()}
+    return [arg for k, v in shown.items() for arg in ("--param", f"{k}={v}")]
 
 
 def run_deployment(env: dict[str, str], name: str, **params: object) -> str:
@@ -107,7 +109,7 @@ def deployed(stack) -> dict[str, str]:
 
 
 def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
-    output = run_deployment(deployed, "train-charlm/charlm-ddp", epochs=1, **TINY)
+    output = run_deployment(deployed, "train-charlm/charlm-ddp", training={"epochs": 1, **TINY})
     assert "Completed" in output
     client = MlflowClient(deployed["MLFLOW_TRACKING_URI"])
     runs = client.search_runs(
@@ -157,13 +159,17 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     name = "ddpflow-charlm-retrain"
 
     def retrain(**params: object) -> str:
-        run_deployment(deployed, RETRAIN, model_name=name, **TINY, **params)
+        run_deployment(deployed, RETRAIN, training={"model_name": name, **TINY, **params})
         return client.get_model_version_by_alias(name, "champion").version
 
     # The first two start together: the second is the schedule firing while a retrain runs.
-    first_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=0.01, **TINY)
+    first_run = start_deployment(
+        deployed, RETRAIN, training={"model_name": name, "epochs": 1, "lr": 0.01, **TINY}
+    )
     wait_for_state(deployed, first_run, {"RUNNING"}, timeout_s=300)
-    worse_run = start_deployment(deployed, RETRAIN, model_name=name, epochs=1, lr=1e-5, **TINY)
+    worse_run = start_deployment(
+        deployed, RETRAIN, training={"model_name": name, "epochs": 1, "lr": 1e-5, **TINY}
+    )
     # docs/deployments.md "Concurrency": a retrain that fires while the previous one runs
     # waits (ENQUEUE).
     for run_id in (first_run, worse_run):

@@ -1,5 +1,5 @@
-"""Every flow parameter is declared once (type, limits and help in flows/params.py, the
-default in flows/defaults.py) and the flow signatures, Prefect's parameter schema, the
+"""Every flow parameter is declared once, in the flow's parameter model (flows/params.py,
+shared types in ddpflow/param_types.py), and Prefect's validation and parameter schema, the
 command line, the sweep's trial checks, the docs tables and the deployment file agree with
 that declaration."""
 
@@ -10,21 +10,24 @@ import inspect
 import typing
 from typing import Any, get_type_hints
 
+import prefect
 import pytest
 import yaml
+from prefect.exceptions import ParameterTypeError
 
 from ddpflow.param_types import bounds_of
 from ddpflow.workloads.sweep.config import TrialConfig, validate_trial
-from flows import defaults, param_docs
+from flows import param_docs
 from flows.cli import run_cli
-from flows.param_flow import FlowParameters, declared, wire_type
 from flows.params import (
     FIXES,
     CharLMParams,
+    CharLMScalingParams,
+    CharLMTraining,
     ImageParams,
+    ImageScalingParams,
     ParameterError,
     RetrainParams,
-    ScalingParams,
     SweepParams,
     validate_params,
 )
@@ -33,68 +36,68 @@ from tests.integration.conftest import REPO
 pytestmark = pytest.mark.integration
 
 FLOWS = param_docs.flows()
-FLOW_DEFAULTS = {
-    "train-charlm": defaults.TRAIN_CHARLM,
-    "retrain-charlm": defaults.RETRAIN_CHARLM,
-    "sweep-charlm": defaults.SWEEP_CHARLM,
-    "train-images": defaults.TRAIN_IMAGES,
-    "scaling-charlm": defaults.SCALING_CHARLM,
-    "scaling-images": defaults.SCALING_IMAGES,
+FLOW_MODELS = {
+    "train-charlm": ("training", CharLMParams),
+    "retrain-charlm": ("training", RetrainParams),
+    "sweep-charlm": ("sweep", SweepParams),
+    "train-images": ("training", ImageParams),
+    "scaling-charlm": ("scaling", CharLMScalingParams),
+    "scaling-images": ("scaling", ImageScalingParams),
 }
 
 
 def test_every_flow_with_parameters_is_covered() -> None:
-    assert set(FLOWS) == set(FLOW_DEFAULTS)
+    assert set(FLOWS) == set(FLOW_MODELS)
 
 
-@pytest.mark.parametrize("name", sorted(FLOW_DEFAULTS))
-def test_the_signature_is_the_declaration(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(FLOW_MODELS))
+def test_a_flow_is_prefects_own_and_takes_its_model(name: str) -> None:
     flow = FLOWS[name]
-    parameters = declared(flow)
-    assert parameters.defaults is FLOW_DEFAULTS[name], "the defaults of flows/defaults.py"
-    signature = inspect.signature(flow)
-    assert list(signature.parameters) == list(parameters.defaults)
-    hints = get_type_hints(flow.fn)
-    for param in signature.parameters.values():
-        info = parameters.fields[param.name]
-        assert param.default == parameters.defaults[param.name]
-        assert hints[param.name] == param.annotation == wire_type(info.annotation)
+    assert type(flow) is prefect.Flow, "no subclass overriding Prefect's internals"
+    parameter, model = FLOW_MODELS[name]
+    [declared] = inspect.signature(flow.fn).parameters.values()
+    assert (declared.name, get_type_hints(flow.fn)[declared.name]) == (parameter, model)
+    assert declared.default == model(), "the model's own defaults"
 
 
-@pytest.mark.parametrize("name", sorted(FLOW_DEFAULTS))
-def test_prefect_schema_has_each_default_type_and_description(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(FLOW_MODELS))
+def test_prefect_schema_has_each_field_default_limits_and_description(name: str) -> None:
     flow = FLOWS[name]
-    parameters = declared(flow)
+    parameter, model = FLOW_MODELS[name]
     schema = flow.parameters.model_dump_for_openapi()
-    assert list(schema["properties"]) == list(parameters.defaults)
-    assert "required" not in schema, "every flow parameter has a default"
-    for field, prop in schema["properties"].items():
-        assert prop["default"] == parameters.defaults[field], field
-        assert prop["description"] == parameters.help(field)
-        assert prop["description"].startswith(parameters.fields[field].description)
+    assert list(schema["properties"]) == [parameter]
+    fields = schema["definitions"][model.__name__]["properties"]
+    assert list(fields) == list(model.model_fields)
+    for field, info in model.model_fields.items():
+        assert fields[field]["default"] == info.default, field
+        assert fields[field]["description"] == info.description, field
+    assert (fields["epochs"]["minimum"], fields["epochs"]["maximum"]) == (1, 10_000)
 
 
 def test_help_carries_the_declared_limits() -> None:
-    parameters = declared(FLOWS["train-charlm"])
-    assert parameters.help("epochs") == "passes over the training data [1 to 10000]"
-    assert parameters.help("lr") == "Adam learning rate [> 0, <= 10]"
-    assert parameters.help("precision").endswith("[auto, fp32, bf16, fp16]")
-    assert parameters.help("pin_memory").endswith("[auto, true, false]")
+    fields = CharLMParams.model_fields
+    assert param_docs.field_help(fields["epochs"]) == "passes over the training data [1 to 10000]"
+    assert param_docs.field_help(fields["lr"]) == "Adam learning rate [> 0, <= 10]"
+    assert param_docs.field_help(fields["precision"]).endswith("[auto, fp32, bf16, fp16]")
+    assert param_docs.field_help(fields["pin_memory"]).endswith("[auto, true, false]")
 
 
-@pytest.mark.parametrize("name", sorted(FLOW_DEFAULTS))
+@pytest.mark.parametrize("name", sorted(FLOW_MODELS))
 def test_the_defaults_pass_the_flows_own_checks(name: str) -> None:
-    declared(FLOWS[name]).check({})  # raises ParameterError if a default broke a bound
+    _, model = FLOW_MODELS[name]
+    # pydantic does not check defaults: check them as if a user had passed each one.
+    validate_params(model, model().model_dump())
 
 
-@pytest.mark.parametrize(
-    ("model", "flow_defaults"),
-    [(CharLMParams, defaults.TRAIN_CHARLM), (ImageParams, defaults.TRAIN_IMAGES)],
-)
-def test_a_default_kept_on_a_model_is_the_flows(model, flow_defaults) -> None:
-    for name, info in model.model_fields.items():
-        if not info.is_required():
-            assert info.default == flow_defaults[name], name
+def test_a_sweep_trial_defaults_to_what_train_charlm_trains_with() -> None:
+    for field in ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed"):
+        assert SweepParams().model_dump()[field] == CharLMTraining().model_dump()[field], field
+
+
+def test_a_scaling_run_trains_with_train_charlms_defaults_but_keeps_one_checkpoint() -> None:
+    scaling, training = CharLMScalingParams(), CharLMParams()
+    differ = {k for k, v in scaling.model_dump().items() if getattr(training, k, v) != v}
+    assert differ == {"keep_last", "experiment"}
 
 
 def test_the_command_line_shows_the_declared_help(capsys) -> None:
@@ -105,15 +108,12 @@ def test_the_command_line_shows_the_declared_help(capsys) -> None:
     assert "--ranks-per-trial RANKS_PER_TRIAL DDP ranks (Dask workers) of each trial" in text
 
 
-def test_a_flow_without_a_declared_parameter_is_refused() -> None:
-    with pytest.raises(TypeError, match="'epoch' is not declared"):
-        FlowParameters({"epoch": 3}, (CharLMParams,))
-
-
-def test_the_flow_function_gets_the_validated_model() -> None:
+def test_prefect_refuses_a_flow_call_with_the_models_explanation() -> None:
     flow = FLOWS["scaling-charlm"]
-    with pytest.raises(ParameterError, match=r"epochs=0: .*; pass an integer from 1 to"):
-        flow.fn(epochs=0)
+    with pytest.raises(ParameterTypeError, match=r"epochs=0: .*; pass an integer from 1 to"):
+        flow.validate_parameters({"scaling": {"epochs": 0}})
+    checked = flow.validate_parameters({"scaling": {"epochs": "2", "compile": "false"}})
+    assert checked["scaling"] == CharLMScalingParams(epochs=2)
 
 
 # The trial fields: one annotated type each, shared by the sweep's trial check, the sweep's
@@ -142,7 +142,7 @@ def test_a_trial_field_has_the_flows_bounds(field: str) -> None:
     ],
 )
 def test_trial_and_flow_accept_and_refuse_the_same_values(field, inside, outside) -> None:
-    sweep = dict(defaults.SWEEP_CHARLM, grid={"lr": [0.1]}, model_name="m", experiment="e")
+    sweep = dict(SweepParams().model_dump(), grid={"lr": [0.1]}, model_name="m", experiment="e")
     trial = {k: sweep[k] for k in TRIAL_FIELDS}
     assert validate_trial(0, {**trial, field: inside}).valid
     validate_params(SweepParams, {**sweep, field: inside})
@@ -187,15 +187,17 @@ def _flow_of(entry: dict[str, Any]):
 @pytest.mark.parametrize("entry", _deployments(), ids=lambda e: e["name"])
 def test_deployment_parameters_are_declared_valid_and_not_copies(entry) -> None:
     flow = _flow_of(entry)
-    parameters = declared(flow)
     given = entry.get("parameters") or {}
-    assert set(given) <= set(parameters.defaults), "names the flow declares"
-    parameters.check(dict(given))  # within the declared limits (ParameterError otherwise)
-    copies = {k: v for k, v in given.items() if parameters.defaults[k] == v}
-    assert copies == {}, "a deployment states only what differs from the flow's defaults"
+    [(parameter, model)] = [FLOW_MODELS[flow.name]]
+    assert set(given) <= {parameter}, "the flow's own parameter"
+    flow.validate_parameters(given)  # Prefect's own check (ParameterTypeError otherwise)
+    fields = given.get(parameter, {})
+    copies = {k: v for k, v in fields.items() if model.model_fields[k].default == v}
+    assert copies == {}, "a deployment states only what differs from the model's defaults"
 
 
-MODELS = (CharLMParams, ImageParams, SweepParams, ScalingParams, RetrainParams)
+MODELS = (CharLMParams, ImageParams, SweepParams, CharLMScalingParams, ImageScalingParams)
+MODELS += (RetrainParams,)
 
 
 @pytest.mark.parametrize("field", sorted(FIXES))

@@ -88,7 +88,7 @@ def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path
     [flow_run] = records["flow_runs"]
     assert flow_run["state"]["type"] == "FAILED"
     assert "can carry a credential" in flow_run["state"]["message"]
-    assert flow_run["parameters"]["source"].startswith("http://alice:***@127.0.0.1:")
+    assert flow_run["parameters"]["training"]["source"].startswith("http://alice:***@127.0.0.1:")
     assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
     assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
 

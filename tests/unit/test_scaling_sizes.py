@@ -6,10 +6,13 @@ import pytest
 
 import flows.scaling
 from ddpflow.workloads.scaling import ScalingConfigError, parse_world_sizes, plan_world_sizes
-from flows.params import ParameterError, ScalingParams, validate_params
+from flows.params import (
+    CharLMScalingParams,
+    ImageScalingParams,
+    ParameterError,
+    validate_params,
+)
 from flows.scaling import plan_sizes
-from flows.scaling_charlm import scaling_charlm
-from flows.scaling_images import scaling_images
 
 
 def test_a_comma_list_is_sorted_without_repeats() -> None:
@@ -73,20 +76,22 @@ def test_the_flow_fits_the_sizes_to_the_rank_workers(monkeypatch) -> None:
 )
 def test_bad_targets_name_the_field_and_the_fix(values: dict, message: str) -> None:
     with pytest.raises(ParameterError, match=message):
-        validate_params(ScalingParams, values)
+        validate_params(
+            ImageScalingParams if "target_accuracy" in values else CharLMScalingParams, values
+        )
 
 
 @pytest.mark.parametrize(
-    ("flow", "values", "message"),
+    ("model", "values", "message"),
     [
-        (scaling_charlm, {"epochs": 0}, "epochs=0: Input should be greater than or equal to 1"),
-        (scaling_charlm, {"lr": -1.0}, "lr=-1.0: Input should be greater than 0; pass a lea"),
-        (scaling_images, {"image_size": 4}, "image_size=4: Input should be greater than or eq"),
-        (scaling_charlm, {"target_loss": -1.0}, "target_loss=-1.0: Input should be greater"),
+        (CharLMScalingParams, {"epochs": 0}, "epochs=0: Input should be greater than or equal"),
+        (CharLMScalingParams, {"lr": -1.0}, "lr=-1.0: Input should be greater than 0; pass a"),
+        (ImageScalingParams, {"image_size": 4}, "image_size=4: Input should be greater than or"),
+        (CharLMScalingParams, {"target_loss": -1.0}, "target_loss=-1.0: Input should be great"),
     ],
 )
-def test_the_scaling_flows_check_the_training_parameters_first(flow, values, message) -> None:
-    # The training flow's own rules, before the cluster, Prefect or MLflow is touched (the
-    # undecorated function: a ParameterError here is raised before anything else runs).
+def test_the_scaling_flows_check_the_training_parameters_first(model, values, message) -> None:
+    # The training's own rules, in the scaling flow's parameter model: Prefect checks it
+    # before the flow's body runs, so before the cluster, the store or MLflow is touched.
     with pytest.raises(ParameterError, match=message):
-        flow.fn(**values)
+        validate_params(model, values)

@@ -13,6 +13,7 @@ import pytest
 from ddpflow.preflight.checks import PreflightError, check_tracking
 from ddpflow.storage.retry import retry_call
 from ddpflow.workloads.charlm.corpus import CorpusError, parse_names
+from flows.cli import _redacted
 from flows.params import (
     CharLMParams,
     ImageParams,
@@ -20,7 +21,6 @@ from flows.params import (
     SweepParams,
     validate_params,
 )
-from flows.redacted_flow import RedactedParamsFlow
 from flows.summary import mlflow_ui_hint
 from tests.unit.test_flow_params import VALID as CHARLM
 from tests.unit.test_sweep_params import VALID as SWEEP
@@ -121,22 +121,21 @@ def test_uri_parameters_without_credentials_pass() -> None:
         assert validate_params(CharLMParams, {**CHARLM, "source": source}).source == source
 
 
-def test_recorded_flow_parameters_are_redacted() -> None:
-    """What Prefect stores for a flow run: serialize_parameters' output."""
-
-    def fn(source: str, grid: dict, epochs: int) -> None:
-        pass
-
-    flow = RedactedParamsFlow(fn=fn, name="redaction-check")
-    recorded = flow.serialize_parameters(
-        {
-            "source": SECRET_URL,
-            "grid": {"uris": [SECRET_URL, f"https://h/x?accesstoken={KEY}&jwt={KEY}"]},
-            "epochs": 3,
-        }
-    )
-    assert recorded == {
+def test_the_command_line_hands_prefect_a_refused_uri_redacted_and_still_refused() -> None:
+    """Prefect records a flow run's parameters before it validates them. The command line
+    (flows.cli) hands it a set the model refuses redacted: what Prefect records and logs holds
+    no credential, and the redacted value is refused with the same explanation."""
+    given = {
+        "source": SECRET_URL,
+        "grid": {"uris": [SECRET_URL, f"https://h/x?accesstoken={KEY}&jwt={KEY}"]},
+        "epochs": "3",
+    }
+    handed = _redacted(given)
+    assert handed == {
         "source": SHOWN,
         "grid": {"uris": [SHOWN, "https://h/x?accesstoken=***&jwt=***"]},
-        "epochs": 3,
+        "epochs": "3",
     }
+    with pytest.raises(ParameterError, match="source=.*can carry a credential") as info:
+        validate_params(SweepParams, handed)
+    assert_clean(printed(info.value))

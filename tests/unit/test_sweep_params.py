@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import pytest
 
-from flows.cli import _arg_type
+from flows.cli import parse_args
 from flows.params import ParameterError, SweepParams, validate_params
 
 VALID: dict[str, Any] = {
@@ -50,23 +49,27 @@ def test_unknown_parameter_is_rejected() -> None:
         validate_params(SweepParams, {**VALID, "world_size": 2})
 
 
-def _parse(annotation: Any, text: str) -> Any:
-    return _arg_type(annotation)(text)
+def _parse(*argv: str) -> dict[str, Any]:
+    from flows.sweep_charlm import sweep_charlm
+
+    return parse_args(sweep_charlm, list(argv))
 
 
 def test_cli_parses_json_for_dict_and_list_parameters() -> None:
-    assert _parse(dict[str, list[Any]] | None, '{"lr": [0.1, 0.2]}') == {"lr": [0.1, 0.2]}
-    assert _parse(list[dict[str, Any]] | None, '[{"lr": 0.1}]') == [{"lr": 0.1}]
-    with pytest.raises(argparse.ArgumentTypeError, match="not valid JSON"):
-        _parse(dict[str, list[Any]] | None, "{lr: 0.1}")
+    assert _parse("--grid", '{"lr": [0.1, 0.2]}') == {"grid": {"lr": [0.1, 0.2]}}
+    assert _parse("--trials", '[{"lr": 0.1}]') == {"trials": [{"lr": 0.1}]}
+    with pytest.raises(SystemExit):  # argparse's own error: "not valid JSON"
+        _parse("--grid", "{lr: 0.1}")
 
 
 @pytest.mark.parametrize(("text", "value"), [("true", True), ("False", False), ("1", True)])
-def test_cli_parses_bools_properly(text: str, value: bool) -> None:
-    assert _parse(bool, text) is value
+def test_cli_text_for_a_bool_is_parsed_by_the_model(text: str, value: bool) -> None:
+    given = _parse("--promote", text)
+    assert validate_params(SweepParams, {**VALID, **given}).promote is value
 
 
-def test_cli_scalar_types_are_unchanged() -> None:
-    assert _arg_type(int | None) is int
-    assert _arg_type(float) is float
-    assert _arg_type(str) is str
+def test_cli_passes_only_what_was_given_and_numbers_as_text_the_model_parses() -> None:
+    given = _parse("--epochs", "2", "--lr", "0.5")
+    assert given == {"epochs": "2", "lr": "0.5"}
+    params = validate_params(SweepParams, given)
+    assert (params.epochs, params.lr, params.batch_size) == (2, 0.5, SweepParams().batch_size)
