@@ -12,6 +12,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import distributed
 import pytest
@@ -34,6 +35,30 @@ def dask_client() -> Iterator[distributed.Client]:
     with local_cluster(2) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
         yield client
+
+
+@pytest.fixture(scope="module")
+def flow_services() -> Iterator[str]:
+    """What `python -m flows.<name>` starts for each run, started once for a module whose
+    flows run in the test's own process (run_in_process): a Prefect API and a Dask cluster
+    of two worker processes (plain tcp on 127.0.0.1). Yields the scheduler's address."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180), local_cluster(2, tls=False) as cluster:
+        yield cluster.scheduler_address
+
+
+def run_in_process(
+    flow: Any, project: Path, address: str, monkeypatch: pytest.MonkeyPatch, **parameters: Any
+) -> Any:
+    """Call `flow(**parameters)` in this process, as its project would run it (its own
+    artifact folder and MLflow file), on the module's flow_services."""
+    project.mkdir(parents=True, exist_ok=True)
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DDPFLOW_ARTIFACT_ROOT", str(project / "artifacts"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
+    monkeypatch.setenv("DDPFLOW_DASK_ADDRESS", address)
+    return flow(**parameters)
 
 
 @pytest.fixture(scope="module")
