@@ -49,15 +49,25 @@ def flow_services() -> Iterator[str]:
 
 
 def run_in_process(
-    flow: Any, project: Path, address: str, monkeypatch: pytest.MonkeyPatch, **parameters: Any
+    flow: Any,
+    project: Path,
+    address: str,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str] | None = None,
+    **parameters: Any,
 ) -> Any:
     """Call `flow(**parameters)` in this process, as its project would run it (its own
-    artifact folder and MLflow file), on the module's flow_services."""
+    artifact folder and MLflow file, then `env`), on the module's flow_services."""
     project.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(project)
-    monkeypatch.setenv("DDPFLOW_ARTIFACT_ROOT", str(project / "artifacts"))
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{project / 'mlflow.db'}")
-    monkeypatch.setenv("DDPFLOW_DASK_ADDRESS", address)
+    settings = {
+        "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "DDPFLOW_DASK_ADDRESS": address,
+        **(env or {}),
+    }
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
     return flow(**parameters)
 
 

@@ -1,6 +1,7 @@
-"""`python -m flows.retrain_charlm` against a registry that already has a champion.
+"""retrain-charlm against a registry that already has a champion.
 
-Real processes: the flow on a 2-worker LocalCluster, an MLflow SQLite registry. The champion
+The flow runs in the test's process on the module's flow_services (a Prefect API and a
+2-worker Dask cluster), with an MLflow SQLite registry. The champion
 is registered by the test with a known, poor holdout loss (a constant prediction, no
 training), so a 1-epoch challenger is certain to score better.
 """
@@ -13,7 +14,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS
-from tests.integration.conftest import run_flow
+from flows.params import RetrainParams
+from flows.retrain_charlm import retrain_charlm
+from tests.integration.conftest import run_in_process
 from tests.unit.champion_helpers import (
     add_version,
     constant_model,
@@ -26,12 +29,10 @@ pytestmark = pytest.mark.integration
 MODEL = "retrain-test-model"
 EXPERIMENT = "retrain-test"
 ARTIFACT_ROOT = "DDPFLOW_ARTIFACT_ROOT"
-ONE_WORKER = {"DDPFLOW_DASK_WORKERS": "1"}  # a 1-rank DDP group: what is tested is the rule
-ARGS = [
-    "--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-size", "2048",
-    "--lr", "0.01", "--num-names", "2", "--max-restarts", "0",
-    "--model-name", MODEL, "--experiment", EXPERIMENT,
-]  # fmt: skip
+TINY = {
+    "epochs": 1, "hidden_size": 16, "num_layers": 1, "batch_size": 2048, "lr": 0.01,
+    "num_names": 2, "max_restarts": 0, "model_name": MODEL, "experiment": EXPERIMENT,
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +72,9 @@ def alias(client: MlflowClient) -> str:
     return str(client.get_model_version_by_alias(MODEL, CHAMPION_ALIAS).version)
 
 
-def test_a_challenger_whose_training_fails_leaves_the_champion_alone(registry) -> None:
+def test_a_challenger_whose_training_fails_leaves_the_champion_alone(
+    registry, flow_services, monkeypatch
+) -> None:
     # docs/deployments.md "Retraining": a challenger that fails stops the flow before the decision,
     # so it never touches the alias.
     project, client, champion, _ = registry
@@ -82,11 +85,16 @@ def test_a_challenger_whose_training_fails_leaves_the_champion_alone(registry) -
     blocked.mkdir()
     (blocked / "runs").write_text("not a folder")
 
-    result = run_flow("retrain_charlm", ARGS, project, env={"DDPFLOW_ARTIFACT_ROOT": str(blocked)})
-
-    out = result.stdout + result.stderr
-    assert result.returncode == 1, out[-4000:]
-    assert "retrain-charlm failed" in result.stderr, out[-4000:]
+    with pytest.raises(Exception) as failed:  # noqa: PT011 - whatever the store raised
+        run_in_process(
+            retrain_charlm,
+            project,
+            flow_services,
+            monkeypatch,
+            env={ARTIFACT_ROOT: str(blocked)},
+            training=RetrainParams(**TINY),
+        )
+    assert "runs" in str(failed.value), failed.value
     assert alias(client) == champion
     assert versions(client) == before, "no version registered for a failed challenger"
     (run,) = challenger_runs(client)
@@ -95,16 +103,21 @@ def test_a_challenger_whose_training_fails_leaves_the_champion_alone(registry) -
     assert not any(k.startswith("ddpflow.retrain.") for k in run.data.tags), run.data.tags
 
 
-def test_a_challenger_better_by_less_than_the_margin_is_not_promoted(registry) -> None:
+def test_a_challenger_better_by_less_than_the_margin_is_not_promoted(
+    registry, flow_services, monkeypatch
+) -> None:
     # docs/deployments.md "Retraining": the alias moves only if the loss is lower by more
     # than `margin`.
     project, client, champion, _ = registry
     margin = 50.0  # far more than any loss gap here: nats per symbol, ~3.4 for a uniform guess
 
-    result = run_flow("retrain_charlm", [*ARGS, "--margin", str(margin)], project, env=ONE_WORKER)
+    # A 1-rank DDP group: what is tested is the rule.
+    training = RetrainParams(**TINY, margin=margin, world_size=1)
+    decision = run_in_process(
+        retrain_charlm, project, flow_services, monkeypatch, training=training
+    )
 
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-4000:]
+    assert not decision.promoted, decision
     run = challenger_runs(client)[0]
     assert run.info.status == "FINISHED"
     tags = run.data.tags
@@ -116,4 +129,3 @@ def test_a_challenger_better_by_less_than_the_margin_is_not_promoted(registry) -
     assert float(tags["ddpflow.retrain.margin"]) == margin
     assert alias(client) == champion
     assert tags["ddpflow.retrain.challenger_version"] in versions(client), "still registered"
-    assert "retraining decision: kept champion" in out
