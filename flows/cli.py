@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from ddpflow.integrations.prefect import early_api
 from ddpflow.storage.redact import redact_text
-from flows.param_docs import field_help, parameter_model
+from flows.param_docs import field_help, parameter_model, union_members
 
 # Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
 # Its default 5 retries span about 30 s, less than a server restart on a busy host takes
@@ -49,7 +49,7 @@ def _parse_json(text: str) -> Any:
 
 def _takes_json(annotation: Any) -> bool:
     """A dict or list field (e.g. --grid '{"lr": [0.001, 0.01]}') is given as JSON."""
-    members = typing.get_args(annotation) or (annotation,)
+    members = union_members(annotation)
     return any(typing.get_origin(m) in (dict, list) or m in (dict, list) for m in members)
 
 

@@ -77,14 +77,15 @@ def _number(value: float) -> str:
     return str(value) if isinstance(value, int) else f"{value:g}"
 
 
-def _members(annotation: Any) -> tuple[Any, ...]:
+def union_members(annotation: Any) -> tuple[Any, ...]:
+    """`int | None` -> (int, NoneType); any other annotation -> (annotation,)."""
     union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
     return typing.get_args(annotation) if union else (annotation,)
 
 
 def _choices(annotation: Any) -> list[Any]:
     """The values of a Literal; with bool | Literal["auto"], the named ones first."""
-    members = sorted(_members(annotation), key=lambda m: typing.get_origin(m) is not Literal)
+    members = sorted(union_members(annotation), key=lambda m: typing.get_origin(m) is not Literal)
     if not any(typing.get_origin(m) is Literal for m in members):
         return []
     named = [v for m in members if typing.get_origin(m) is Literal for v in typing.get_args(m)]
@@ -94,7 +95,7 @@ def _choices(annotation: Any) -> list[Any]:
 def type_name(annotation: Any) -> str:
     """ "int", "float or unset", "JSON object": what a user passes."""
     names = []
-    for member in _members(annotation):
+    for member in union_members(annotation):
         if member is type(None):
             names.append("unset")
         elif typing.get_origin(member) is Literal:
