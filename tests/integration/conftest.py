@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,14 +39,76 @@ def dask_client() -> Iterator[distributed.Client]:
 
 
 @pytest.fixture(scope="module")
-def flow_services() -> Iterator[str]:
+def flow_services_env() -> dict[str, str]:
+    """Environment of flow_services' worker processes and of this process while they run
+    (a module overrides it, e.g. with an S3 endpoint and its keys)."""
+    return {}
+
+
+@pytest.fixture(scope="module")
+def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
     """What `python -m flows.<name>` starts for each run, started once for a module whose
     flows run in the test's own process (run_in_process): a Prefect API and a Dask cluster
     of two worker processes (plain tcp on 127.0.0.1). Yields the scheduler's address."""
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=180), local_cluster(2, tls=False) as cluster:
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        prefect_test_harness(server_startup_timeout=180),
+        local_cluster(2, env=flow_services_env, tls=False) as cluster,
+    ):
+        for name, value in flow_services_env.items():
+            patch.setenv(name, value)
         yield cluster.scheduler_address
+
+
+def completed_task_runs(flow_run_id: Any) -> list[str]:
+    """Names of the flow run's task runs that completed, one entry per run (Prefect names a
+    task run with 3 hex digits, so two may share a name)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+    with get_client(sync_client=True) as client:
+        found: list[str] = []
+        while batch := client.read_task_runs(flow_run_filter=runs, limit=200, offset=len(found)):
+            found += [run.name if run.state and run.state.is_completed() else "" for run in batch]
+    return [name for name in found if name]
+
+
+def flow_run_records(flow_run_id: Any) -> dict:
+    """The flow run and its artifacts as the API (flow_services') holds them, in the shape
+    prefect_records gives a project's database."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+        return {
+            "flow_runs": [client.read_flow_run(flow_run_id).model_dump(mode="json")],
+            "artifacts": [a.model_dump(mode="json") for a in artifacts],
+        }
+
+
+def flow_run_logs(flow_run_id: Any, expect: str = "", timeout_s: float = 30) -> str:
+    """The flow run's log lines, its task runs' included, as the API stored them. Workers
+    send theirs in batches: with `expect`, waits until a line containing it has arrived."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    where = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as client:
+        while True:
+            lines: list[str] = []
+            while batch := client.read_logs(where, limit=200, offset=len(lines)):
+                lines += [f"{log.name} - {log.message}" for log in batch]
+            text = "\n".join(lines)
+            if expect in text or time.monotonic() > deadline:
+                return text
+            time.sleep(1)
 
 
 def run_in_process(

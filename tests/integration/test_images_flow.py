@@ -1,7 +1,9 @@
 """The image flow end to end on a moto S3 server over HTTP: digits, 2 ranks, ResNet-18.
 
-One training run (2 epochs at 32 px, under a minute of CPU training on 2 cores) and two
-runs that must fail before training: too many unreadable files, and a single class.
+One training run (2 epochs at 32 px, under a minute of CPU training on 2 cores), a sharded
+one, and two runs that must fail before training: too many unreadable files, and a single
+class. The flow runs in the test's process on the module's flow_services, whose workers
+have the S3 endpoint and keys in their environment, as a user's workers would.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import re
 from collections import Counter
 
 import mlflow
@@ -17,10 +18,19 @@ import numpy as np
 import pytest
 import torch
 
+from ddpflow.config import Settings
 from ddpflow.workloads.vision.digits import digits_pngs, write_digits
+from ddpflow.workloads.vision.image_folder import DatasetError
 from ddpflow.workloads.vision.reports import read_confusion_csv
 from ddpflow.workloads.vision.split import num_held_out
-from tests.integration.conftest import project_tracking, run_flow
+from flows.params import ImageParams
+from flows.train_images import train_images
+from tests.integration.conftest import (
+    completed_task_runs,
+    flow_run_logs,
+    project_tracking,
+    run_in_process,
+)
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
@@ -36,31 +46,20 @@ BUCKET = "ddpflow-images"  # the conftest's `moto` fixture creates it
 EPOCHS = 2
 # Measured on 2 CPU cores: 0.91 after 2 epochs, 0.936-0.939 after 3 (chance is 0.10).
 MIN_VAL_ACCURACY = 0.8
-ARGS = [
-    "--arch",
-    "resnet18",
-    "--weights",
-    "none",
-    "--image-size",
-    "32",
-    "--epochs",
-    str(EPOCHS),
-    "--batch-size",
-    "32",
-    "--lr",
-    "0.001",
-    "--world-size",
-    "2",
-    "--keep-last",
-    "2",
+PARAMS = {
+    "arch": "resnet18",
+    "weights": "none",
+    "image_size": 32,
+    "epochs": EPOCHS,
+    "batch_size": 32,
+    "lr": 0.001,
+    "world_size": 2,
+    "keep_last": 2,
     # Accepted end to end; on CPU "auto" resolves to fp32, contiguous, unpinned.
-    "--precision",
-    "auto",
-    "--channels-last",
-    "auto",
-    "--pin-memory",
-    "false",
-]
+    "precision": "auto",
+    "channels_last": "auto",
+    "pin_memory": "false",
+}
 CORRUPT_KEY = "artifacts/data/digits/3/corrupt.png"
 
 
@@ -75,20 +74,46 @@ def digits(moto) -> str:
     return root
 
 
-def _env(moto: str, prefix: str) -> dict[str, str]:
-    return {**s3_env(moto), "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/{prefix}"}
+@pytest.fixture(scope="module")
+def flow_services_env(moto) -> dict[str, str]:
+    return s3_env(moto)
+
+
+def _env(prefix: str) -> dict[str, str]:
+    return {"DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/{prefix}"}
+
+
+def train(project, flow_services, monkeypatch, prefix: str, **params: object) -> tuple:
+    """One train-images run in this process: its summary, its log lines, its flow run id."""
+    state = run_in_process(
+        train_images,
+        project,
+        flow_services,
+        monkeypatch,
+        env=_env(prefix),
+        training=ImageParams(**{**PARAMS, **params}),
+        return_state=True,
+    )
+    summary = state.result()
+    logs = flow_run_logs(state.state_details.flow_run_id, expect="Finished in state Completed")
+    return summary, logs, state.state_details.flow_run_id
 
 
 @pytest.fixture(scope="module")
-def trained(moto, digits, tmp_path_factory) -> dict:
+def trained(moto, digits, flow_services, tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("images")
-    result = run_flow("train_images", ARGS, project, timeout_s=480, env=_env(moto, "artifacts"))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
+    with pytest.MonkeyPatch.context() as patch:
+        summary, logs, _ = train(project, flow_services, patch, "artifacts")
+        rendered = summary.render(Settings.from_env())
     client = project_tracking(project)
     runs = client.search_runs([client.get_experiment_by_name("ddpflow-images").experiment_id])
     assert len(runs) == 1
-    return {"output": output, "client": client, "run": runs[0], "keys": list_keys(moto, BUCKET)}
+    return {
+        "output": rendered + logs,
+        "client": client,
+        "run": runs[0],
+        "keys": list_keys(moto, BUCKET),
+    }
 
 
 def _history(trained: dict, key: str) -> list[tuple[int, float]]:
@@ -193,7 +218,9 @@ def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained,
     assert tuple(logits.shape) == (3, 10)
 
 
-def test_too_many_bad_files_fail_clearly_before_training(moto, tmp_path):
+def test_too_many_bad_files_fail_clearly_before_training(
+    moto, flow_services, monkeypatch, tmp_path
+):
     # 20 digits of 2 classes and one corrupt file: the check reads every file, so a small
     # folder keeps the test to the flow's start-up.
     client = s3_client(moto)
@@ -203,24 +230,27 @@ def test_too_many_bad_files_fail_clearly_before_training(moto, tmp_path):
             client.put_object(Bucket=BUCKET, Key=f"few/{key}", Body=pngs[key])
     corrupt = "few/1/corrupt.png"
     client.put_object(Bucket=BUCKET, Key=corrupt, Body=b"\x89PNG\r\n not really")
-    args = [*ARGS, "--source", f"s3://{BUCKET}/few", "--max-bad-fraction", "0"]
-    result = run_flow("train_images", args, tmp_path, timeout_s=300, env=_env(moto, "strict"))
-    assert result.returncode == 1, result.stdout[-3000:]
-    message = result.stderr
+    with pytest.raises(DatasetError) as failed:
+        train(
+            tmp_path, flow_services, monkeypatch, "strict",
+            source=f"s3://{BUCKET}/few", max_bad_fraction=0,
+        )  # fmt: skip
+    message = str(failed.value)
     assert "1 of 21 image files" in message and "max_bad_fraction=0" in message, message[-3000:]
     assert f"s3://{BUCKET}/{corrupt}" in message
     assert list_keys(moto, BUCKET, "strict/runs/") == []
 
 
-def test_single_class_folder_fails_before_training_and_writes_no_run(moto, tmp_path):
+def test_single_class_folder_fails_before_training_and_writes_no_run(
+    moto, flow_services, monkeypatch, tmp_path
+):
     client = s3_client(moto)
     for i in range(3):
         client.put_object(Bucket=BUCKET, Key=f"one-class/7/{i}.png", Body=b"unread")
     source = f"s3://{BUCKET}/one-class"
-    args = [*ARGS, "--source", source]
-    result = run_flow("train_images", args, tmp_path, timeout_s=300, env=_env(moto, "single"))
-    assert result.returncode == 1, result.stdout[-3000:]
-    assert f"{source} has only one class folder ('7')" in result.stderr, result.stderr[-3000:]
+    with pytest.raises(DatasetError) as failed:
+        train(tmp_path, flow_services, monkeypatch, "single", source=source)
+    assert f"{source} has only one class folder ('7')" in str(failed.value), failed.value
     assert list_keys(moto, BUCKET, "single/") == []
     tracking = project_tracking(tmp_path)
     experiment = tracking.get_experiment_by_name("ddpflow-images")
@@ -229,20 +259,16 @@ def test_single_class_folder_fails_before_training_and_writes_no_run(moto, tmp_p
 
 # docs/data.md: with --data-layout shards the folder is formatted by one task per chunk on
 # the cluster's workers into shards in the S3 store, and every rank streams its part.
-def test_a_sharded_run_formats_on_the_workers_and_streams_from_s3(moto, digits, tmp_path):
-    args = [
-        *ARGS[: ARGS.index("--epochs")],
-        "--epochs", "2", "--batch-size", "32", "--world-size", "2", "--pin-memory", "false",
-        "--data-layout", "shards", "--shard-mb", "0.5", "--augment", "true",
-        "--source", digits,
-    ]  # fmt: skip
-    result = run_flow("train_images", args, tmp_path, timeout_s=480, env=_env(moto, "sharded"))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
+def test_a_sharded_run_formats_on_the_workers_and_streams_from_s3(
+    moto, digits, flow_services, monkeypatch, tmp_path
+):
+    sharded = {"data_layout": "shards", "shard_mb": 0.5, "augment": "true", "source": digits}
+    _, output, flow_run_id = train(tmp_path, flow_services, monkeypatch, "sharded", **sharded)
     keys = list_keys(moto, BUCKET, "sharded/data/image-shards/")
     shards = [k for k in keys if k.endswith(".shard")]
     # A list, not a set: Prefect names a task run by 3 hex digits, which can repeat.
-    chunk_runs = re.findall(r"Task run '(format-image-chunk-\w+)' - Finished", output)
+    runs = completed_task_runs(flow_run_id)
+    chunk_runs = [name for name in runs if name.startswith("format-image-chunk-")]
     assert len(shards) == len(chunk_runs) >= 4, (keys, chunk_runs)
     assert len([k for k in keys if k.endswith(".shards.json")]) == 2
     assert "streamed from shards" in output

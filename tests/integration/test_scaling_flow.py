@@ -1,7 +1,8 @@
 """Both scaling flows end to end: world sizes 1 and 2 on a 2-worker LocalCluster.
 
-One flow run per workload (module fixtures) on small data, so each size trains for seconds;
-the tests read its MLflow runs, its parent run's artifacts and its Prefect table artifact.
+One flow run per workload (module fixtures) on small data, so each size trains for seconds,
+in the test's process on the module's flow_services; the tests read its MLflow runs, its
+parent run's artifacts, its Prefect table artifact and its log.
 What both flows share (flows/scaling.py: parent and children, table, plots) is checked on
 both; what is particular to the pet-name workload (time to a reached target, the records of
 a training) is checked on charlm only.
@@ -13,12 +14,21 @@ import csv
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ddpflow.tracking.inspection import NOTE_TAG
+from flows.params import CharLMScalingParams, ImageScalingParams, ParameterError
+from flows.scaling_charlm import scaling_charlm
+from flows.scaling_images import scaling_images
 from tests.integration.charlm_runs import small_corpus
-from tests.integration.conftest import prefect_records, project_tracking, run_flow, tiny_charlm
+from tests.integration.conftest import (
+    flow_run_logs,
+    flow_run_records,
+    project_tracking,
+    run_in_process,
+)
 from tests.pngs import png
 
 pytestmark = pytest.mark.integration
@@ -34,53 +44,63 @@ WORKLOADS = ("charlm", "images")
 # validation), one epoch of batches of 4, so the 1-rank size takes 2 steps and each of the 2
 # ranks 1, and no batch is a single image (batch norm refuses one). Training is milliseconds;
 # the flow's cost is its start-up (Prefect, the cluster, the workers' imports).
-IMAGE_ARGS = [
-    "--image-size", "8", "--epochs", "1", "--batch-size", "4", "--val-fraction", "0.2",
-    "--pin-memory", "false", "--target-accuracy", "0.5",
-]  # fmt: skip
+IMAGE_PARAMS = {
+    "image_size": 8, "epochs": 1, "batch_size": 4, "val_fraction": 0.2,
+    "pin_memory": "false", "target_accuracy": 0.5,
+}  # fmt: skip
 
 
-def _scaling_run(module: str, args: list[str], project: Path) -> dict:
+def _scaling_run(flow: Any, params: Any, project: Path, flow_services: str) -> dict:
     """Run a scaling flow on 1 and 2 ranks and read back what it recorded."""
-    result = run_flow(module, [*args, "--world-sizes", "1,2", "--experiment", EXPERIMENT], project)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    with pytest.MonkeyPatch.context() as patch:
+        state = run_in_process(
+            flow, project, flow_services, patch, scaling=params, return_state=True
+        )
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
     client = project_tracking(project)
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     return {
         "project": project,
-        "out": result.stdout + result.stderr,
+        "out": flow_run_logs(flow_run_id, expect="scaling finished"),
         "client": client,
         "parents": parents,
         "children": {int(r.data.params["world_size"]): r for r in children},
         "num_children": len(children),
-        # Read once: each read starts Prefect's embedded API in a new process.
-        "prefect": prefect_records(project),
+        "prefect": flow_run_records(flow_run_id),
     }
 
 
 @pytest.fixture(scope="module")
-def scaled(tmp_path_factory) -> dict:
-    args = [
-        *tiny_charlm(2, batch_size=512),
-        "--source",
-        str(small_corpus(4000)),  # a tenth of the corpus: each size trains twice
-        "--target-loss",
-        str(TARGET_LOSS),
-    ]
-    return _scaling_run("scaling_charlm", args, tmp_path_factory.mktemp("scaling"))
+def scaled(flow_services, tmp_path_factory) -> dict:
+    params = CharLMScalingParams(
+        epochs=2,
+        hidden_size=16,
+        num_layers=1,
+        batch_size=512,
+        source=str(small_corpus(4000)),  # a tenth of the corpus: each size trains twice
+        target_loss=TARGET_LOSS,
+        world_sizes="1,2",
+        experiment=EXPERIMENT,
+    )
+    project = tmp_path_factory.mktemp("scaling")
+    return _scaling_run(scaling_charlm, params, project, flow_services)
 
 
 @pytest.fixture(scope="module")
-def scaled_images(tmp_path_factory) -> dict:
+def scaled_images(flow_services, tmp_path_factory) -> dict:
     source = tmp_path_factory.mktemp("pictures")
     for label, grey in (("dark", 30), ("light", 220)):
         (source / label).mkdir()
         for i in range(5):
             (source / label / f"{i}.png").write_bytes(png(grey + i, (8, 8)))
-    args = [*IMAGE_ARGS, "--source", str(source)]
-    return _scaling_run("scaling_images", args, tmp_path_factory.mktemp("scaling-images"))
+    params = ImageScalingParams(
+        **IMAGE_PARAMS, source=str(source), world_sizes="1,2", experiment=EXPERIMENT
+    )
+    project = tmp_path_factory.mktemp("scaling-images")
+    return _scaling_run(scaling_images, params, project, flow_services)
 
 
 @pytest.fixture(params=WORKLOADS)
@@ -197,9 +217,12 @@ def test_the_summary_prints_the_table(request, fixture: str, finished: str, targ
     assert target in out
 
 
-def test_a_world_size_larger_than_the_cluster_fails_before_any_work(tmp_path) -> None:
-    result = run_flow("scaling_charlm", ["--world-sizes", "1,3"], tmp_path)
-    assert result.returncode == 1
-    assert "world_sizes=1,3: 3 larger than the cluster's 2 worker(s)" in result.stderr
-    assert "DDPFLOW_DASK_WORKERS" in result.stderr
+def test_a_world_size_larger_than_the_cluster_fails_before_any_work(
+    flow_services, monkeypatch, tmp_path
+) -> None:
+    params = CharLMScalingParams(world_sizes="1,3")
+    with pytest.raises(ParameterError) as failed:
+        run_in_process(scaling_charlm, tmp_path, flow_services, monkeypatch, scaling=params)
+    assert "world_sizes=1,3: 3 larger than the cluster's 2 worker(s)" in str(failed.value)
+    assert "DDPFLOW_DASK_WORKERS" in str(failed.value)
     assert not (tmp_path / "artifacts").exists()
