@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import dask
 import distributed
 import pytest
 import torch
@@ -49,11 +50,16 @@ def flow_services_env() -> dict[str, str]:
 def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
     """What `python -m flows.<name>` starts for each run, started once for a module whose
     flows run in the test's own process (run_in_process): a Prefect API and a Dask cluster
-    of two worker processes (plain tcp on 127.0.0.1). Yields the scheduler's address."""
+    of two worker processes (plain tcp on 127.0.0.1). Yields the scheduler's address.
+
+    The workers run with flow_services_env, as workers started in that environment would:
+    its DASK_* variables are Dask configuration too, which a nanny hands its worker (e.g. a
+    worker preload)."""
     from prefect.testing.utilities import prefect_test_harness
 
     with (
         pytest.MonkeyPatch.context() as patch,
+        dask.config.set(_dotted(dask.config.collect_env(flow_services_env))),
         prefect_test_harness(server_startup_timeout=180),
         local_cluster(2, env=flow_services_env, tls=False) as cluster,
     ):
@@ -109,6 +115,17 @@ def flow_run_logs(flow_run_id: Any, expect: str = "", timeout_s: float = 30) -> 
             if expect in text or time.monotonic() > deadline:
                 return text
             time.sleep(1)
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}} as {"a.b": 1}: dask.config.set replaces a whole subtree it is given."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def run_in_process(

@@ -2,20 +2,23 @@
 
 Five trials: one that crashes mid-training first (fault injection), three that train and one
 invalid (rejected before it starts). The bad two are reported; the other three still complete,
-one of them on the worker the crash gave back.
+one of them on the worker the crash gave back. The flow runs in the test's process on the
+module's flow_services, whose workers preload the fault injection (PRELOAD_ENV).
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.params import ParameterError, SweepParams
+from flows.sweep_charlm import sweep_charlm
 from tests.integration.charlm_runs import small_corpus
-from tests.integration.conftest import prefect_cli, prefect_records, project_env, run_flow
+from tests.integration.conftest import flow_run_logs, flow_run_records, run_in_process
 from tests.integration.trial_faults import FAULTY_LR, PRELOAD_ENV
 
 pytestmark = pytest.mark.integration
@@ -30,34 +33,41 @@ TRIALS = [
     {"lr": -1},  # invalid: never launched
 ]
 CRASHED, COMPLETED, INVALID = 0, (1, 2, 3), 4
-ARGS = [
-    "--trials",
-    json.dumps(TRIALS),
-    "--epochs",
-    "2",
-    "--hidden-size",
-    "16",
-    "--num-layers",
-    "1",
-    "--batch-size",
-    "2048",
-    "--experiment",
-    EXPERIMENT,
-    "--model-name",
-    MODEL,
-    "--promote",
-    "true",
-    "--source",  # a third of the shipped corpus: shorter epochs, the same code path
-    str(small_corpus()),
-]
+# Every trial's defaults: tiny, on a third of the shipped corpus (shorter epochs, the same
+# code path).
+DEFAULTS = {
+    "epochs": 2,
+    "hidden_size": 16,
+    "num_layers": 1,
+    "batch_size": 2048,
+    "experiment": EXPERIMENT,
+    "model_name": MODEL,
+    "promote": True,
+    "source": str(small_corpus()),
+}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def swept(tmp_path_factory) -> dict:
+def flow_services_env() -> dict[str, str]:
+    return PRELOAD_ENV
+
+
+def sweep(project: Path, flow_services: str, monkeypatch: Any, **params: Any) -> Any:
+    """One sweep-charlm run in this process: its final state."""
+    settings = SweepParams(**{**DEFAULTS, **params})
+    return run_in_process(
+        sweep_charlm, project, flow_services, monkeypatch, sweep=settings, return_state=True
+    )
+
+
+@pytest.fixture(scope="module")
+def swept(flow_services, tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("sweep")
-    result = run_flow("sweep_charlm", ARGS, project, env=PRELOAD_ENV)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    with pytest.MonkeyPatch.context() as patch:
+        state = sweep(project, flow_services, patch, trials=TRIALS)
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
     runs = client.search_runs([experiment.experiment_id])
@@ -67,7 +77,8 @@ def swept(tmp_path_factory) -> dict:
     }
     return {
         "project": project,
-        "out": result.stdout + result.stderr,
+        "flow_run_id": flow_run_id,
+        "out": flow_run_logs(flow_run_id, expect="ddpflow: sweep"),
         "client": client,
         "parents": parents,
         "children": children,
@@ -183,71 +194,62 @@ def test_best_trial_is_registered_tagged_and_promoted(swept) -> None:
 
 
 def test_ranking_is_a_prefect_table_artifact(swept) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "prefect", "artifact", "inspect", "charlm-sweep"],
-        # Wide enough that the pretty-printer does not wrap inside the table's JSON.
-        env={**project_env(swept["project"]), "COLUMNS": "10000"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = " ".join(result.stdout.split())
-    assert "'type': 'table'" in out
+    artifacts = flow_run_records(swept["flow_run_id"])["artifacts"]
+    (ranking,) = [a for a in artifacts if a["key"] == "charlm-sweep"]
+    assert ranking["type"] == "table"
+    table = json.dumps(ranking["data"])
     for run in swept["children"].values():
-        assert run.info.run_id in out
-    assert "trials[4].lr=-1: must be > 0" in out
+        assert run.info.run_id in table
+    assert "trials[4].lr=-1: must be > 0" in table
 
 
-def test_a_sweep_where_every_trial_fails_exits_1_with_a_failed_parent(tmp_path) -> None:
+def test_a_sweep_where_every_trial_fails_fails_with_a_failed_parent(
+    flow_services, monkeypatch, tmp_path
+) -> None:
     # docs/sweeps.md "Failures stay local": the sweep fails only if no trial completes.
-    trials = json.dumps([{"lr": FAULTY_LR}, {"lr": -1}])
-    # One worker: the two trials take turns; the first crashes after one epoch, the second
-    # is invalid.
-    env = {"DDPFLOW_DASK_WORKERS": "1", **PRELOAD_ENV}
-    result = run_flow("sweep_charlm", ["--trials", trials, *ARGS[2:]], tmp_path, env=env)
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "no trial completed" in result.stderr
+    # The first trial crashes after one epoch, the second is invalid.
+    trials = [{"lr": FAULTY_LR}, {"lr": -1}]
+    state = sweep(tmp_path, flow_services, monkeypatch, trials=trials)
+    assert state.is_failed(), state
+    assert "no trial completed" in state.message
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     runs = client.search_runs([client.get_experiment_by_name(EXPERIMENT).experiment_id])
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FAILED"
     assert sorted(r.info.status for r in runs if r is not parent) == ["FAILED", "FAILED"]
     assert not client.search_model_versions(f"name='{MODEL}'"), "nothing to register"
-    flow_run_id = parent.data.tags["prefect.flow_run_id"]
-    inspect = prefect_cli(tmp_path, "flow-run", "inspect", flow_run_id, "--output", "json")
-    assert inspect.returncode == 0, inspect.stderr[-2000:]
-    assert json.loads(inspect.stdout)["state"]["type"] == "FAILED"
+    assert parent.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
 
 
-def test_a_trial_can_be_a_ddp_group_of_two_workers(tmp_path) -> None:
-    args = ARGS[2:]  # same tiny defaults, one trial of 1 epoch
-    trials = json.dumps([{"lr": 0.01, "epochs": 1}])
-    result = run_flow(
-        "sweep_charlm", ["--trials", trials, *args, "--ranks-per-trial", "2"], tmp_path
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+def test_a_trial_can_be_a_ddp_group_of_two_workers(flow_services, monkeypatch, tmp_path) -> None:
+    trials = [{"lr": 0.01, "epochs": 1}]
+    state = sweep(tmp_path, flow_services, monkeypatch, trials=trials, ranks_per_trial=2)
+    assert state.is_completed(), state
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
     child = client.search_runs([experiment.experiment_id], "tags.`ddpflow.trial` = '0'")[0]
     assert child.info.status == "FINISHED"
     assert child.data.params["world_size"] == "2"
     assert len(child.data.tags["ddpflow.workers"].split()) == 2
-    assert "up to 1 at a time on 2 workers" in result.stdout + result.stderr
+    output = flow_run_logs(state.state_details.flow_run_id, expect="at a time on")
+    assert "up to 1 at a time on 2 workers" in output
 
 
-def test_ranks_per_trial_larger_than_the_cluster_fails_before_any_work(tmp_path) -> None:
-    result = run_flow("sweep_charlm", [*ARGS, "--ranks-per-trial", "3"], tmp_path)
-    assert result.returncode == 1
-    assert "ranks_per_trial=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
+def test_ranks_per_trial_larger_than_the_cluster_fails_before_any_work(
+    flow_services, monkeypatch, tmp_path
+) -> None:
+    state = sweep(tmp_path, flow_services, monkeypatch, trials=TRIALS, ranks_per_trial=3)
+    with pytest.raises(ParameterError) as failed:
+        state.result()
+    assert "ranks_per_trial=3" in str(failed.value)
+    assert "DDPFLOW_DASK_WORKERS" in str(failed.value)
     assert not (tmp_path / "artifacts").exists()
 
 
 def test_trials_show_their_progress_datasets_and_the_sweep_links(swept) -> None:
     # docs/inspecting.md: each trial has a progress artifact (100 % when it completed), its
     # child run logs its datasets, and the sweep links the best run and its version.
-    artifacts = {a["key"]: a for a in prefect_records(swept["project"])["artifacts"]}
+    artifacts = {a["key"]: a for a in flow_run_records(swept["flow_run_id"])["artifacts"]}
     for trial in COMPLETED:
         progress = artifacts[f"charlm-trial-{trial}-progress"]
         assert progress["type"] == "progress" and float(progress["data"]) == 100.0, progress
