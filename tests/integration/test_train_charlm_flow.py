@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,15 @@ import torch
 
 from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.distributed.planning import PlanError
 from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.integrations.prefect import early_cluster
 from ddpflow.tracking.store import template as mlflow_store_template
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from tests.integration.conftest import (
+    completed_task_runs,
+    flow_run_logs,
     prefect_cli,
     prefect_records,
     project_tracking,
@@ -34,6 +36,8 @@ pytestmark = pytest.mark.integration
 EPOCHS = 3
 SMALL = {"hidden_size": 32, "batch_size": 1024, "lr": 0.01, "keep_last": 2, "num_names": 10}
 TINY = tiny_charlm(EPOCHS, **SMALL)
+# TINY as the flow's parameter model takes it (tiny_charlm's sizes).
+SMALL_PARAMS = {"epochs": EPOCHS, "hidden_size": 16, "num_layers": 1, "batch_size": 4096, **SMALL}
 
 # Loads the registered model where ddpflow cannot be imported (any import of the project's
 # packages raises, the editable install included) and generates a name with nothing but
@@ -229,7 +233,7 @@ def test_summary_prints_run_names_checkpoints_and_ui_command(trained):
 
 
 # docs/charlm.md "What make demo does": a rerun finds the downloaded copy and the formatted tensors.
-def test_rerun_reuses_downloaded_and_formatted_data(trained, tmp_path):
+def test_rerun_reuses_downloaded_and_formatted_data(trained, flow_services, monkeypatch, tmp_path):
     artifacts = trained["project"] / "artifacts"
     before = data_files(artifacts)
     raw, formatted = (
@@ -243,9 +247,14 @@ def test_rerun_reuses_downloaded_and_formatted_data(trained, tmp_path):
     # The same artifact store; a Prefect and MLflow store of its own, so the first run's
     # records (one run, model version 1) stay as the other tests read them.
     env = {"DDPFLOW_ARTIFACT_ROOT": str(artifacts)}
-    result = run_flow("train_charlm", tiny_charlm(1, **SMALL), tmp_path, env=env)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert "(raw copy and tensors reused)" in result.stdout + result.stderr
+    training = CharLMParams(**{**SMALL_PARAMS, "epochs": 1})
+    state = run_in_process(
+        train_charlm, tmp_path, flow_services, monkeypatch, env, training=training,
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state
+    output = flow_run_logs(state.state_details.flow_run_id, expect="reused)")
+    assert "(raw copy and tensors reused)" in output, output[-5000:]
     assert data_files(artifacts) == before, "nothing was downloaded or formatted again"
 
 
@@ -293,10 +302,11 @@ def test_bad_source_fails_fast_naming_the_source(
     assert not (project / "artifacts" / "data").exists(), "nothing is written"
 
 
-def test_world_size_larger_than_cluster_fails_before_any_work(tmp_path):
-    result = run_flow("train_charlm", [*TINY, "--world-size", "3"], tmp_path)
-    assert result.returncode == 1
-    assert "world_size=3" in result.stderr and "DDPFLOW_DASK_WORKERS" in result.stderr
+def test_world_size_larger_than_cluster_fails_before_any_work(flow_services, monkeypatch, tmp_path):
+    training = CharLMParams(**SMALL_PARAMS, world_size=3)
+    with pytest.raises(PlanError) as failed:
+        run_in_process(train_charlm, tmp_path, flow_services, monkeypatch, training=training)
+    assert "world_size=3" in str(failed.value) and "DDPFLOW_DASK_WORKERS" in str(failed.value)
     assert not (tmp_path / "artifacts").exists()
 
 
@@ -309,15 +319,19 @@ def test_evaluation_is_a_prefect_markdown_artifact(trained):
 
 # docs/data.md: with --data-layout shards the names are formatted by one task per chunk on
 # the cluster's workers, and the ranks, the evaluation and the registration read the shards.
-def test_a_sharded_corpus_is_formatted_on_the_workers_and_streamed(tmp_path):
-    args = [*TINY, "--data-layout", "shards", "--shard-mb", "0.1", "--world-size", "2"]
-    result = run_flow("train_charlm", args, tmp_path / "project", timeout_s=400)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-5000:]
+def test_a_sharded_corpus_is_formatted_on_the_workers_and_streamed(
+    flow_services, monkeypatch, tmp_path
+):
+    training = CharLMParams(**SMALL_PARAMS, data_layout="shards", shard_mb=0.1, world_size=2)
+    state = run_in_process(
+        train_charlm, tmp_path / "project", flow_services, monkeypatch, training=training,
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state
+    flow_run_id = state.state_details.flow_run_id
+    output = flow_run_logs(flow_run_id, expect="registered model")
     shards = list((tmp_path / "project" / "artifacts" / "data" / "corpus-shards").glob("shards/*"))
-    # A list, not a set: Prefect names a task run by 3 hex digits, and among ~30 chunk runs
-    # two share a name about one run in ten.
-    chunk_runs = re.findall(r"Task run '(format-name-chunk-\w+)' - Finished", output)
+    chunk_runs = [n for n in completed_task_runs(flow_run_id) if n.startswith("format-name-chunk-")]
     assert len(shards) == len(chunk_runs) >= 4, (shards, chunk_runs)
     assert "streamed from shards" in output, output[-5000:]
     client = project_tracking(tmp_path / "project")
