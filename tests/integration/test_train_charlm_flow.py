@@ -310,6 +310,7 @@ def test_world_size_larger_than_cluster_fails_before_any_work(flow_services, mon
     assert not (tmp_path / "artifacts").exists()
 
 
+# docs/inspecting.md: `prefect artifact inspect KEY` shows an artifact of the project's runs.
 def test_evaluation_is_a_prefect_markdown_artifact(trained):
     result = prefect_cli(trained["project"], "artifact", "inspect", "charlm-evaluation")
     assert result.returncode == 0, result.stderr[-2000:]
