@@ -30,6 +30,9 @@ from tests.unit.registry_hooks import hook_client
 
 # A registry write takes 20-200 ms on a loaded machine: the lease leaves room for that.
 FAST = LockTiming(ttl_s=1.0, max_call_s=0.3, wait_s=20.0, poll_s=0.02)
+# For a holder that must keep its lease while it sleeps past it: its heartbeat thread was
+# once starved for 1.4 s at the end of a full suite on 2 cores, which broke FAST's 1 s lease.
+STEADY = LockTiming(ttl_s=3.0, max_call_s=0.3, wait_s=20.0, poll_s=0.02)
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +101,16 @@ def test_the_same_interleaving_cannot_let_two_promotions_hold_the_lock(uri, monk
     hook_client(monkeypatch, ("create_registered_model",), pause_b_before_its_break)
 
     def promoter_b() -> None:
-        with promotion_lock(client, name, FAST) as held:
+        with promotion_lock(client, name, STEADY) as held:
             inside.append((held.generation, time.monotonic()))
 
     b = run_thread("B", promoter_b)
     assert b_about_to_break.wait(10)
-    with promotion_lock(client, name, FAST) as held:  # C
+    with promotion_lock(client, name, STEADY) as held:  # C
         entered = time.monotonic()
         assert held.generation == 2
         c_holds.set()
-        time.sleep(2 * FAST.ttl_s)  # B would have broken C's lock by now, were it dead
+        time.sleep(1.5 * STEADY.ttl_s)  # B would have broken C's lock by now, were it dead
         held.ensure_held()  # C's lease is intact: its heartbeat kept it
         left = time.monotonic()
     b.join(10)
