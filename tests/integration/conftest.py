@@ -76,10 +76,10 @@ def completed_task_runs(flow_run_id: Any) -> list[str]:
 
     runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
-        found: list[str] = []
+        found: list[Any] = []
         while batch := client.read_task_runs(flow_run_filter=runs, limit=200, offset=len(found)):
-            found += [run.name if run.state and run.state.is_completed() else "" for run in batch]
-    return [name for name in found if name]
+            found += batch
+    return [run.name for run in found if run.state and run.state.is_completed()]
 
 
 def flow_run_records(flow_run_id: Any) -> dict:
@@ -98,9 +98,10 @@ def flow_run_records(flow_run_id: Any) -> dict:
         }
 
 
-def flow_run_logs(flow_run_id: Any, expect: str = "", timeout_s: float = 30) -> str:
-    """The flow run's log lines, its task runs' included, as the API stored them. Workers
-    send theirs in batches: with `expect`, waits until a line containing it has arrived."""
+def flow_run_logs(flow_run_id: Any, *expect: str, timeout_s: float = 30) -> str:
+    """The flow run's log lines, its task runs' included, as the API stored them. Each
+    process sends its lines in batches: waits until every `expect` text has arrived (a line
+    of the flow's own and one of a worker's, say), then returns all of them."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
@@ -112,7 +113,7 @@ def flow_run_logs(flow_run_id: Any, expect: str = "", timeout_s: float = 30) -> 
             while batch := client.read_logs(where, limit=200, offset=len(lines)):
                 lines += [f"{log.name} - {log.message}" for log in batch]
             text = "\n".join(lines)
-            if expect in text or time.monotonic() > deadline:
+            if all(e in text for e in expect) or time.monotonic() > deadline:
                 return text
             time.sleep(1)
 

@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from ddpflow.config import Settings
 from ddpflow.workloads.vision.digits import digits_pngs, write_digits
 from ddpflow.workloads.vision.image_folder import DatasetError
 from ddpflow.workloads.vision.reports import read_confusion_csv
@@ -84,9 +83,9 @@ def _env(prefix: str) -> dict[str, str]:
 
 
 def train(project, flow_services, monkeypatch, prefix: str, **params: object) -> tuple:
-    """One train-images run in this process: its summary, its log lines, its flow run id.
-    Both trainings read the digits with their corrupt file: the workers' warning about it
-    is the log line to wait for (workers send their log lines in batches)."""
+    """One train-images run in this process: its log lines and its flow run id (a refusal
+    raises). The log is complete once the flow's summary and the workers' warning about the
+    digits' corrupt file (both trainings read it) have arrived."""
     state = run_in_process(
         train_images,
         project,
@@ -96,22 +95,23 @@ def train(project, flow_services, monkeypatch, prefix: str, **params: object) ->
         training=ImageParams(**{**PARAMS, **params}),
         return_state=True,
     )
-    summary = state.result()
-    logs = flow_run_logs(state.state_details.flow_run_id, expect="unreadable image file(s)")
-    return summary, logs, state.state_details.flow_run_id
+    state.result()
+    logs = flow_run_logs(
+        state.state_details.flow_run_id, "image classifier trained", "unreadable image file(s)"
+    )
+    return logs, state.state_details.flow_run_id
 
 
 @pytest.fixture(scope="module")
 def trained(moto, digits, flow_services, tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("images")
     with pytest.MonkeyPatch.context() as patch:
-        summary, logs, _ = train(project, flow_services, patch, "artifacts")
-        rendered = summary.render(Settings.from_env())
+        logs, _ = train(project, flow_services, patch, "artifacts")
     client = project_tracking(project)
     runs = client.search_runs([client.get_experiment_by_name("ddpflow-images").experiment_id])
     assert len(runs) == 1
     return {
-        "output": rendered + logs,
+        "output": logs,  # the flow prints its summary into its log
         "client": client,
         "run": runs[0],
         "keys": list_keys(moto, BUCKET),
@@ -265,7 +265,7 @@ def test_a_sharded_run_formats_on_the_workers_and_streams_from_s3(
     moto, digits, flow_services, monkeypatch, tmp_path
 ):
     sharded = {"data_layout": "shards", "shard_mb": 0.5, "augment": "true", "source": digits}
-    _, output, flow_run_id = train(tmp_path, flow_services, monkeypatch, "sharded", **sharded)
+    output, flow_run_id = train(tmp_path, flow_services, monkeypatch, "sharded", **sharded)
     keys = list_keys(moto, BUCKET, "sharded/data/image-shards/")
     shards = [k for k in keys if k.endswith(".shard")]
     # A list, not a set: Prefect names a task run by 3 hex digits, which can repeat.

@@ -64,7 +64,7 @@ def _scaling_run(flow: Any, params: Any, project: Path, flow_services: str) -> d
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     return {
         "project": project,
-        "out": flow_run_logs(flow_run_id, expect="scaling finished"),
+        "out": flow_run_logs(flow_run_id, "scaling finished"),
         "client": client,
         "parents": parents,
         "children": {int(r.data.params["world_size"]): r for r in children},

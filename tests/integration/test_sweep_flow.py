@@ -78,7 +78,7 @@ def swept(flow_services, tmp_path_factory) -> dict:
     return {
         "project": project,
         "flow_run_id": flow_run_id,
-        "out": flow_run_logs(flow_run_id, expect="ddpflow: sweep"),
+        "out": flow_run_logs(flow_run_id, "ddpflow: sweep"),
         "client": client,
         "parents": parents,
         "children": children,
@@ -231,7 +231,7 @@ def test_a_trial_can_be_a_ddp_group_of_two_workers(flow_services, monkeypatch, t
     assert child.info.status == "FINISHED"
     assert child.data.params["world_size"] == "2"
     assert len(child.data.tags["ddpflow.workers"].split()) == 2
-    output = flow_run_logs(state.state_details.flow_run_id, expect="at a time on")
+    output = flow_run_logs(state.state_details.flow_run_id, "at a time on")
     assert "up to 1 at a time on 2 workers" in output
 
 

@@ -253,7 +253,7 @@ def test_rerun_reuses_downloaded_and_formatted_data(trained, flow_services, monk
         return_state=True,
     )  # fmt: skip
     assert state.is_completed(), state
-    output = flow_run_logs(state.state_details.flow_run_id, expect="reused)")
+    output = flow_run_logs(state.state_details.flow_run_id, "reused)")
     assert "(raw copy and tensors reused)" in output, output[-5000:]
     assert data_files(artifacts) == before, "nothing was downloaded or formatted again"
 
@@ -330,7 +330,7 @@ def test_a_sharded_corpus_is_formatted_on_the_workers_and_streamed(
     )  # fmt: skip
     assert state.is_completed(), state
     flow_run_id = state.state_details.flow_run_id
-    output = flow_run_logs(flow_run_id, expect="registered model")
+    output = flow_run_logs(flow_run_id, "registered model")
     shards = list((tmp_path / "project" / "artifacts" / "data" / "corpus-shards").glob("shards/*"))
     chunk_runs = [n for n in completed_task_runs(flow_run_id) if n.startswith("format-name-chunk-")]
     assert len(shards) == len(chunk_runs) >= 4, (shards, chunk_runs)
