@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import httpx
 import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -38,38 +41,39 @@ def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
 
 # Two layers with dropout: the LSTM draws dropout masks between its layers, so a resume is
 # exact only if the RNG is reseeded per step (one layer would draw nothing at all).
-TINY = [
-    "--source",
-    str(small_corpus()),
-    "--epochs",
-    str(EPOCHS),
-    "--hidden-size",
-    "32",
-    "--num-layers",
-    "2",
-    "--dropout",
-    "0.1",
-    "--batch-size",
-    "1024",
-    "--lr",
-    "0.01",
-    "--num-names",
-    "3",
-    "--keep-last",
-    "10",
-]
+# As the flow's parameter model takes it (a flow run in-process); TINY: on the command line.
+TINY_PARAMS: dict[str, object] = {
+    "source": str(small_corpus()),
+    "epochs": EPOCHS,
+    "hidden_size": 32,
+    "num_layers": 2,
+    "dropout": 0.1,
+    "batch_size": 1024,
+    "lr": 0.01,
+    "num_names": 3,
+    "keep_last": 10,
+}
+TINY = [arg for k, v in TINY_PARAMS.items() for arg in (f"--{k.replace('_', '-')}", str(v))]
 
 
 def wait_for_checkpoint(
-    project: Path, epoch: int, proc: subprocess.Popen, timeout_s=300, step: bool = False
+    project: Path,
+    epoch: int,
+    proc: subprocess.Popen | concurrent.futures.Future,
+    timeout_s=300,
+    step: bool = False,
 ) -> None:
     """Until the checkpoint after `epoch` epochs exists; step=True: one inside the next
-    epoch (a step checkpoint, epoch-NNNN.step-SSSSSSSS.pt)."""
+    epoch (a step checkpoint, epoch-NNNN.step-SSSSSSSS.pt). `proc` is the flow: a process,
+    or a flow run in a thread of this process (start_in_process); it must not end first."""
     deadline = time.monotonic() + timeout_s
     inside = ".step-*" if step else ""
     pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}{inside}.pt"
     while not list(project.glob(pattern)):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        if isinstance(proc, concurrent.futures.Future):
+            assert not proc.done(), f"the flow ended first: {proc.result()}"
+        else:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}"
         time.sleep(0.1)
 
@@ -116,3 +120,45 @@ def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
     assert a.keys() == b.keys()
     for key in a:
         assert torch.equal(a[key], b[key]), f"{key} differs from the uninterrupted run"
+
+
+def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
+    """The project's run finished after exactly one restart, each epoch's metric once and no
+    re-run step logged twice (`output`, the flow's log, explains a failure)."""
+    client, run = the_run(project)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
+    assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
+    assert steps and len(steps) == len(set(steps)), "the re-run steps are not logged twice"
+
+
+def restart_rows(prefect_url: str, run_id: str) -> list[list[str]]:
+    """The rows of the `charlm-restarts` artifact that names `run_id`, on the Prefect API at
+    `prefect_url`.
+
+    Read over the REST API: `prefect artifact inspect` renders through rich, which fails on
+    the bracketed gloo source paths a restart cause can quote."""
+    body = {"artifacts": {"key": {"any_": ["charlm-restarts"]}}, "limit": 50}
+    response = httpx.post(f"{prefect_url}/artifacts/filter", json=body, timeout=30)
+    response.raise_for_status()
+    mine = [a["data"] for a in response.json() if f"MLflow run `{run_id}`" in a["data"]]
+    assert len(mine) == 1, f"one restarts artifact for run {run_id}, found {len(mine)}"
+    rows = [line for line in mine[0].splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
+    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
+
+
+def process_gone(pid: int, timeout_s: float) -> bool:
+    """The process exited within `timeout_s` (a zombie its nanny has not reaped counts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (ProcessLookupError, FileNotFoundError):
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False

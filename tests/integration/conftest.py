@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
+import contextvars
 import functools
 import json
 import os
@@ -132,24 +134,49 @@ def _dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def run_in_process(
     flow: Any,
     project: Path,
-    address: str,
+    address: str | None,
     monkeypatch: pytest.MonkeyPatch,
     env: dict[str, str] | None = None,
     **parameters: Any,
 ) -> Any:
     """Call `flow(**parameters)` in this process, as its project would run it (its own
-    artifact folder and MLflow file, then `env`), on the module's flow_services."""
+    artifact folder and MLflow file, then `env`), on the Dask scheduler at `address` (the
+    module's flow_services'), or with address None on a LocalCluster the flow starts."""
     project.mkdir(parents=True, exist_ok=True)
     monkeypatch.chdir(project)
     settings = {
         "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-        "DDPFLOW_DASK_ADDRESS": address,
+        **({"DDPFLOW_DASK_ADDRESS": address} if address else {}),
         **(env or {}),
     }
+    if not address:
+        monkeypatch.delenv("DDPFLOW_DASK_ADDRESS", raising=False)
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     return flow(**parameters)
+
+
+def start_in_process(
+    flow: Any,
+    project: Path,
+    address: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str] | None = None,
+    **parameters: Any,
+) -> concurrent.futures.Future[Any]:
+    """run_in_process in a thread, so the test can act while the flow trains (stop a worker,
+    say); the future gives the flow's final state (`return_state=True`). The thread runs in
+    a copy of this thread's context: Prefect's settings, the test harness's API among them,
+    are context variables, and a plain thread would start without them."""
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="flow-under-test")
+    context = contextvars.copy_context()
+    future = pool.submit(
+        context.run, run_in_process, flow, project, address, monkeypatch, env,
+        return_state=True, **parameters,
+    )  # fmt: skip
+    pool.shutdown(wait=False)
+    return future
 
 
 @pytest.fixture(scope="module")

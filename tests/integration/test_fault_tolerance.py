@@ -1,83 +1,109 @@
 """Fault tolerance for real: worker processes of a 2-worker LocalCluster are SIGKILLed,
-SIGSTOPped or sent SIGTERM while the flow trains on them (the flow connects via
-DDPFLOW_DASK_ADDRESS), and the run must finish with exactly the weights of an uninterrupted
-run. The trainings use two LSTM layers with dropout (charlm_runs.TINY), so the exact resume
-depends on the per-step reseed."""
+SIGSTOPped or sent SIGTERM while a flow trains on them (connected by DDPFLOW_DASK_ADDRESS),
+and the run must finish with exactly the weights of an uninterrupted run. The trainings use
+two LSTM layers with dropout (charlm_runs.TINY_PARAMS), so the exact resume depends on the
+per-step reseed.
+
+The flows run in a thread of the test's process on the module's Prefect API and cluster
+(flow_services), while the test's own thread stops the workers; what the flow logs, the test
+reads back from the API. The uninterrupted reference is a `python -m` run of its own
+(charlm_reference_project), so each resume is compared with what a user's command gives."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
-import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import distributed
 import httpx
 import pytest
+from distributed.core import Status
+from distributed.deploy.spec import SpecCluster
 from mlflow.tracking import MlflowClient
+from prefect.settings import PREFECT_API_URL
 
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed import graceful_stop, watchdog
-from infra.services import free_port, start_prefect_server, stop
+from flows.params import CharLMParams, SweepParams
+from flows.sweep_charlm import sweep_charlm
+from flows.train_charlm import train_charlm
 from tests.integration.charlm_runs import (
     EPOCHS,
-    TINY,
+    TINY_PARAMS,
+    assert_completed_once_with_one_restart,
     assert_same_metrics,
     assert_same_weights,
     final_weights,
-    finish,
     metric_points,
+    process_gone,
+    restart_rows,
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import REPO, project_env
+from tests.integration.conftest import flow_run_logs, start_in_process
 
 pytestmark = pytest.mark.integration
+TRAINED = "ddpflow: pet-name model trained"  # the flow's summary, its last log line
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[dict]:
-    """A Prefect server and a LocalCluster whose workers report to it."""
-    home = tmp_path_factory.mktemp("prefect")
-    server = start_prefect_server(free_port(), home, home)
-    try:
-        env = {"PREFECT_API_URL": server.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        # tls=False: it stands in for an existing tcp:// scheduler (the `address` kind),
-        # which the flows, started as subprocesses, reach by its address alone.
-        with local_cluster(2, env=env, tls=False) as lc, distributed.Client(lc) as client:
-            client.wait_for_workers(2, timeout=120)
-            yield {
-                "client": client,
-                "env": {**env, "DDPFLOW_DASK_ADDRESS": lc.scheduler_address},
-                "worker_env": env,
-                "prefect_url": server.url,
-            }
-    finally:
-        stop(server)
+def cluster(flow_services) -> Iterator[distributed.Client]:
+    """The test's client of the module's cluster: it finds and stops the workers."""
+    with distributed.Client(flow_services, set_as_default=False) as client:
+        client.wait_for_workers(2, timeout=120)
+        yield client
 
 
-def start_flow(project: Path, cluster: dict, *args: str) -> subprocess.Popen[str]:
-    return start_module(project, cluster, "flows.train_charlm", *TINY, *args)
+def wait_until_both_workers_started(address: str, timeout_s: float = 120) -> None:
+    """Until each of the 2 nannies of the cluster at `address` (a LocalCluster in this
+    process) has a worker process it saw start. The scheduler lists a restarted worker
+    before its nanny is done starting it, and the tests follow each other within seconds
+    here: in one run a worker killed again so soon never came back (1 of 2 workers for the
+    rest of the module). Each test stops only workers whose start is complete."""
+    (local,) = [c for c in list(SpecCluster._instances) if c.scheduler_address == address]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        nannies = list(local.workers.values())
+        processes = [n.process for n in nannies if n.process is not None]
+        started = [p for p in processes if p.status == Status.running and p.process.is_alive()]
+        if len(nannies) == len(started) == 2:
+            return
+        assert time.monotonic() < deadline, f"workers not back: {[n.status for n in nannies]}"
+        time.sleep(0.2)
 
 
-def start_module(project: Path, cluster: dict, module: str, *args: str) -> subprocess.Popen[str]:
-    """`python -m module args` in `project`, on the cluster, once both workers are up."""
-    project.mkdir(parents=True, exist_ok=True)
-    cluster["client"].wait_for_workers(2, timeout=120)
-    return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=project,
-        env={**project_env(project), **cluster["env"], "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@pytest.fixture
+def start(flow_services, cluster, monkeypatch):
+    """Start the tiny training (TINY_PARAMS with `overrides`) in a thread, once both workers
+    are up; `address` and `env` as run_in_process takes them."""
+
+    def start(
+        project: Path, address: str | None = flow_services, env: dict[str, str] | None = None,
+        **overrides: Any,
+    ) -> concurrent.futures.Future:  # fmt: skip
+        wait_until_both_workers_started(flow_services)
+        cluster.wait_for_workers(2, timeout=120)
+        training = CharLMParams(**{**TINY_PARAMS, **overrides})
+        return start_in_process(train_charlm, project, address, monkeypatch, env, training=training)
+
+    return start
+
+
+def finish(flow_run: concurrent.futures.Future, *expect: str) -> tuple[Any, str]:
+    """The flow run's final state and its log, once the lines in `expect` have arrived."""
+    state = flow_run.result(timeout=600)
+    return state, flow_run_logs(state.state_details.flow_run_id, *expect)
+
+
+def prefect_url() -> str:
+    return PREFECT_API_URL.value()
 
 
 def worker(client: distributed.Client, rank: int) -> tuple[str, int]:
@@ -92,16 +118,6 @@ def a_worker_pid(client: distributed.Client) -> int:
     return worker(client, 1)[1]
 
 
-def assert_completed_once_with_one_restart(project: Path, output: str) -> None:
-    client, run = the_run(project)
-    assert run.info.status == "FINISHED"
-    assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "val_loss")]
-    assert sorted(steps) == list(range(1, EPOCHS + 1)), "each epoch's metric exactly once"
-    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train_loss")]
-    assert steps and len(steps) == len(set(steps)), "the re-run steps are not logged twice"
-
-
 def resumed_after_epoch(output: str) -> int:
     """The epoch the relaunched rank 0 resumed after (it says so in the flow's log)."""
     found = re.findall(r"resuming after epoch (\d+)/", output)
@@ -109,21 +125,7 @@ def resumed_after_epoch(output: str) -> int:
     return int(found[0])
 
 
-def restart_rows(cluster: dict, run_id: str) -> list[list[str]]:
-    """The rows of the flow run's `charlm-restarts` artifact, the one naming `run_id`.
-
-    Read over the REST API: `prefect artifact inspect` renders through rich, which fails on
-    the bracketed gloo source paths a restart cause can quote."""
-    body = {"artifacts": {"key": {"any_": ["charlm-restarts"]}}, "limit": 50}
-    response = httpx.post(f"{cluster['prefect_url']}/artifacts/filter", json=body, timeout=30)
-    response.raise_for_status()
-    mine = [a["data"] for a in response.json() if f"MLflow run `{run_id}`" in a["data"]]
-    assert len(mine) == 1, f"one restarts artifact for run {run_id}, found {len(mine)}"
-    rows = [line for line in mine[0].splitlines() if re.match(r"\|\s*\d+\s*\|", line)]
-    return [[cell.strip() for cell in row.strip().strip("|").split("|")] for row in rows]
-
-
-def assert_restart_recorded(cluster: dict, project: Path) -> tuple[str, list[str]]:
+def assert_restart_recorded(project: Path) -> tuple[str, list[str]]:
     """One restart, on the MLflow run (tags and `restarts` metric) and in the Prefect
     artifact, which agree on its cause. Returns the cause and the artifact's row."""
     _, run = the_run(project)
@@ -133,7 +135,7 @@ def assert_restart_recorded(cluster: dict, project: Path) -> tuple[str, list[str
     cause = tags["ddpflow.restart.1.cause"]
     # The cause names the failed rank, its worker and what happened to it.
     assert re.match(r"DDP group \w+: rank [01] on worker tcp://127\.0\.0\.1:\d+: \S", cause), cause
-    (row,) = restart_rows(cluster, run.info.run_id)
+    (row,) = restart_rows(prefect_url(), run.info.run_id)
     attempt, _, _lost, _new, _hung, heal_time, artifact_cause = row
     assert attempt == "1"
     assert re.fullmatch(r"\d+\.\d s", heal_time), heal_time
@@ -145,18 +147,18 @@ def assert_restart_recorded(cluster: dict, project: Path) -> tuple[str, list[str
 # and every metric step as in an uninterrupted run, dropout on); restarts are on the run and
 # in the `charlm-restarts` artifact.
 def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
-    cluster, charlm_reference, charlm_reference_project, tmp_path
+    start, cluster, charlm_reference, charlm_reference_project, tmp_path
 ):
-    proc = start_flow(tmp_path, cluster)
-    wait_for_checkpoint(tmp_path, 1, proc)
-    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    flow_run = start(tmp_path)
+    wait_for_checkpoint(tmp_path, 1, flow_run)
+    os.kill(a_worker_pid(cluster), signal.SIGKILL)
+    state, output = finish(flow_run, "resuming", TRAINED)
+    assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     assert 1 <= resumed_after_epoch(output) < EPOCHS, "the kill came mid-run"
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)
-    _, row = assert_restart_recorded(cluster, tmp_path)
+    _, row = assert_restart_recorded(tmp_path)
     assert row[1] == "2", "the relaunch took both workers again"
     # Columns: restart, world size, lost workers, new workers, restarted (hung) workers, ...
     assert row[4] == "-", "no worker hung: the nanny replaced the dead one by itself"
@@ -193,18 +195,18 @@ def steps_redone(client: distributed.Client) -> int:
 # checkpoint_every_steps steps, and the resume is exact. The reference run has no step
 # checkpoints: the weights do not depend on where checkpoints fall (per-step reseed).
 def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
-    cluster, charlm_reference, charlm_reference_project, tmp_path
+    start, cluster, charlm_reference, charlm_reference_project, tmp_path
 ):
-    proc = start_flow(tmp_path, cluster, "--checkpoint-every-steps", str(STEP_EVERY))
-    wait_for_checkpoint(tmp_path, 1, proc, step=True)  # inside epoch 2
+    flow_run = start(tmp_path, checkpoint_every_steps=STEP_EVERY)
+    wait_for_checkpoint(tmp_path, 1, flow_run, step=True)  # inside epoch 2
     time.sleep(0.15)  # a few steps (30-60 ms each here) past the checkpoint: redone
-    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    os.kill(a_worker_pid(cluster), signal.SIGKILL)
+    state, output = finish(flow_run, "resuming", TRAINED)
+    assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     epoch, step, steps_per_epoch = resumed_inside_epoch(output)
     assert epoch == 2 and 0 < step < steps_per_epoch and step % STEP_EVERY == 0, (epoch, step)
-    redone = steps_redone(cluster["client"])
+    redone = steps_redone(cluster)
     print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
     assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
     client, run = the_run(tmp_path)
@@ -216,44 +218,29 @@ def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     assert_same_metrics(tmp_path, charlm_reference_project)
 
 
-def process_gone(pid: int, timeout_s: float) -> bool:
-    """The process exited within `timeout_s` (a zombie its nanny has not reaped counts)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (ProcessLookupError, FileNotFoundError):
-            return True
-        if state == "Z":
-            return True
-        time.sleep(0.1)
-    return False
-
-
 # docs/fault-tolerance.md: a worker sent SIGTERM makes its group checkpoint at the next control
 # step, its process exits, and the run resumes from that step, not from the epoch's start.
 def test_sigterm_to_a_worker_checkpoints_at_the_next_step_and_resumes_there(
-    cluster, charlm_reference, charlm_reference_project, tmp_path
+    start, cluster, charlm_reference, charlm_reference_project, tmp_path
 ):
-    proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stop
-    wait_for_checkpoint(tmp_path, 1, proc)
+    flow_run = start(tmp_path)  # defaults: no step checkpoint before the stop
+    wait_for_checkpoint(tmp_path, 1, flow_run)
     time.sleep(0.5)  # into epoch 2
-    address, pid = worker(cluster["client"], 1)
+    address, pid = worker(cluster, 1)
     sent = time.monotonic()
     os.kill(pid, signal.SIGTERM)
     assert process_gone(pid, graceful_stop.DEFAULT_GRACE_S + 5), "the worker did not exit"
     print(f"the worker exited {time.monotonic() - sent:.1f} s after SIGTERM")
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    state, output = finish(flow_run, "resuming", TRAINED)
+    assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
-    cause, _ = assert_restart_recorded(cluster, tmp_path)
+    cause, _ = assert_restart_recorded(tmp_path)
     assert f"worker {address} asked to stop (SIGTERM)" in cause, cause
     epoch, step, steps_per_epoch = resumed_inside_epoch(output)
     print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}")
     # fit() reads the request at its control points: every log_every_steps (20) steps.
     assert epoch == 2 and step > 0 and step % 20 == 0, (epoch, step)
-    assert steps_redone(cluster["client"]) == 0, "the group stopped at its checkpoint's step"
+    assert steps_redone(cluster) == 0, "the group stopped at its checkpoint's step"
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)
 
@@ -261,23 +248,23 @@ def test_sigterm_to_a_worker_checkpoints_at_the_next_step_and_resumes_there(
 # docs/fault-tolerance.md: a hung worker is detected by the rank timeout, restarted, and the
 # resume is exact. Rank 0's worker hangs: the one that logs to MLflow and writes checkpoints.
 def test_a_hung_worker_is_detected_by_timeout_and_restarted(
-    cluster, charlm_reference, charlm_reference_project, tmp_path
+    start, cluster, charlm_reference, charlm_reference_project, tmp_path
 ):
     # The timeout also bounds each rank's start and first step, and a relaunched worker
     # imports torch and MLflow first: 10 s was too short on a loaded 2-core machine.
-    proc = start_flow(tmp_path, cluster, "--rank-timeout-s", "30")
-    wait_for_checkpoint(tmp_path, 1, proc)
-    address, pid = worker(cluster["client"], 0)
+    flow_run = start(tmp_path, rank_timeout_s=30)
+    wait_for_checkpoint(tmp_path, 1, flow_run)
+    address, pid = worker(cluster, 0)
     os.kill(pid, signal.SIGSTOP)
     try:
-        code, output = finish(proc)
+        state, output = finish(flow_run, "resuming", TRAINED)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)  # in case the nanny did not kill it
-    assert code == 0, output[-4000:]
+    assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     assert 1 <= resumed_after_epoch(output) < EPOCHS, "the hang came mid-run"
-    cause, row = assert_restart_recorded(cluster, tmp_path)
+    cause, row = assert_restart_recorded(tmp_path)
     assert "timed out" in cause.lower() or "timeout" in cause.lower(), cause
     assert row[4] == address, "the hung worker was restarted, and the artifact names it"
     assert_same_metrics(tmp_path, charlm_reference_project)
@@ -285,32 +272,32 @@ def test_a_hung_worker_is_detected_by_timeout_and_restarted(
 
 
 # docs/fault-tolerance.md: with no restart left the flow fails naming rank, worker and cause.
-def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(cluster, tmp_path):
-    proc = start_flow(tmp_path, cluster, "--max-restarts", "0")
-    wait_for_checkpoint(tmp_path, 1, proc)
+def test_no_restart_left_fails_fast_naming_rank_worker_and_cause(start, cluster, tmp_path):
+    flow_run = start(tmp_path, max_restarts=0)
+    wait_for_checkpoint(tmp_path, 1, flow_run)
     killed_at = time.monotonic()
-    os.kill(a_worker_pid(cluster["client"]), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 1
+    os.kill(a_worker_pid(cluster), signal.SIGKILL)
+    state = flow_run.result(timeout=600)
+    assert state.is_failed(), state
     assert time.monotonic() - killed_at < 60
-    message = output.rsplit("train-charlm failed:", 1)[-1]
+    message = str(state.result(raise_on_failure=False))
     assert "max_restarts=0" in message and "rank" in message and "worker tcp://" in message
     _, run = the_run(tmp_path)
     assert run.info.status == "FAILED"
 
 
 # docs/fault-tolerance.md: a rank without peers fails within a second when its worker dies.
-def test_a_killed_worker_costs_a_one_rank_run_one_restart(cluster, tmp_path):
+def test_a_killed_worker_costs_a_one_rank_run_one_restart(start, cluster, tmp_path):
     """A group of one has no peer whose collective fails: the launcher notices that the
     rank's worker left the cluster, and the run resumes on the restarted worker."""
-    proc = start_flow(tmp_path, cluster, "--world-size", "1")
-    wait_for_checkpoint(tmp_path, 1, proc)
-    pids = cluster["client"].run(os.getpid)
+    flow_run = start(tmp_path, world_size=1)
+    wait_for_checkpoint(tmp_path, 1, flow_run)
+    pids = cluster.run(os.getpid)
     # The rank runs on one of the two workers; kill that one.
-    busy = [a for a, n in cluster["client"].processing().items() if n]
-    os.kill(pids[busy[0]] if busy else a_worker_pid(cluster["client"]), signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    busy = [a for a, n in cluster.processing().items() if n]
+    os.kill(pids[busy[0]] if busy else a_worker_pid(cluster), signal.SIGKILL)
+    state, output = finish(flow_run, TRAINED)
+    assert state.is_completed(), output[-4000:]
     _, run = the_run(tmp_path)
     assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
     assert "left the cluster" in run.data.tags["ddpflow.restart.1.cause"]
@@ -320,18 +307,21 @@ SWEEP_TRIALS = [{"epochs": 6}, {"epochs": 6, "lr": 0.02}, {"epochs": 1}]
 
 
 # docs/sweeps.md: a worker that dies costs only the trial on it.
-def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
+def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(
+    flow_services, cluster, monkeypatch, tmp_path
+):
     """Three one-rank trials on two workers. The worker under a running trial is killed:
     that trial fails promptly, and the queued trial runs on the worker's restarted process
     (its new address), not on the dead address, as does everything after it."""
-    tiny = ["--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024"]
-    trials = json.dumps(SWEEP_TRIALS)
-    proc = start_module(tmp_path, cluster, "flows.sweep_charlm", "--trials", trials, *tiny)
-    wait_for_checkpoint(tmp_path, 1, proc)
-    killed = sorted(cluster["client"].run(os.getpid))[-1]
-    os.kill(cluster["client"].run(os.getpid)[killed], signal.SIGKILL)
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    wait_until_both_workers_started(flow_services)
+    cluster.wait_for_workers(2, timeout=120)
+    sweep = SweepParams(trials=SWEEP_TRIALS, hidden_size=32, num_layers=1, batch_size=1024)
+    flow_run = start_in_process(sweep_charlm, tmp_path, flow_services, monkeypatch, sweep=sweep)
+    wait_for_checkpoint(tmp_path, 1, flow_run)
+    killed = sorted(cluster.run(os.getpid))[-1]
+    os.kill(cluster.run(os.getpid)[killed], signal.SIGKILL)
+    state = flow_run.result(timeout=600)
+    assert state.is_completed(), state
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("ddpflow-charlm-sweep")
     children = [
@@ -340,7 +330,7 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
     by_trial = {int(r.data.tags["ddpflow.trial"]): r for r in children}
     assert sorted(by_trial) == [0, 1, 2]
     failed = [i for i, r in by_trial.items() if r.info.status == "FAILED"]
-    assert len(failed) == 1 and failed[0] in (0, 1), output[-3000:]
+    assert len(failed) == 1 and failed[0] in (0, 1), state
     assert by_trial[failed[0]].data.tags["ddpflow.workers"] == killed
     assert "left the cluster" in by_trial[failed[0]].data.tags["ddpflow.error"]
     assert by_trial[2].info.status == "FINISHED", by_trial[2].data.tags.get("ddpflow.error")
@@ -349,31 +339,31 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(cluster, tmp_path):
 
 # docs/fault-tolerance.md: with --min-workers, a run whose worker does not come back within
 # DDPFLOW_HEAL_TIMEOUT_S goes on with the ranks it has.
-def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(cluster, tmp_path):
+def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(start, tmp_path):
     """A cluster of its own: one of its workers dies with its nanny (a lost host), so
     nothing replaces it; after the heal timeout the run resumes on one rank."""
     with (
-        local_cluster(2, env=cluster["worker_env"], tls=False) as lc,  # reached by address
-        distributed.Client(lc) as client,
+        local_cluster(2, tls=False) as lc,  # reached by address
+        distributed.Client(lc, set_as_default=False) as client,
     ):
         client.wait_for_workers(2, timeout=120)
-        env = {"DDPFLOW_DASK_ADDRESS": lc.scheduler_address, "DDPFLOW_HEAL_TIMEOUT_S": "5"}
-        own = {**cluster, "client": client, "env": {**cluster["env"], **env}}
         # Two epochs suffice: the second one runs on the rank that is left.
-        args = ["--epochs", "2", "--world-size", "2", "--min-workers", "1"]
-        proc = start_flow(tmp_path, own, *args)
-        wait_for_checkpoint(tmp_path, 1, proc)
+        flow_run = start(
+            tmp_path, lc.scheduler_address, {"DDPFLOW_HEAL_TIMEOUT_S": "5"},
+            epochs=2, world_size=2, min_workers=1,
+        )  # fmt: skip
+        wait_for_checkpoint(tmp_path, 1, flow_run)
         address, pid = worker(client, 1)
         (nanny,) = [n for n in lc.workers.values() if n.worker_address == address]
         nanny.close_gracefully()  # it will not start a new worker process
         os.kill(pid, signal.SIGKILL)
-        code, output = finish(proc)
-    assert code == 0, output[-4000:]
+        state, output = finish(flow_run, "resuming", TRAINED)
+    assert state.is_completed(), output[-4000:]
     assert resumed_after_epoch(output) == 1
     _, run = the_run(tmp_path)
     assert run.info.status == "FINISHED"
     assert [p[0] for p in metric_points(tmp_path, "val_loss")] == [1, 2], "each epoch once"
-    _, row = assert_restart_recorded(cluster, tmp_path)
+    _, row = assert_restart_recorded(tmp_path)
     assert row[1] == "1", "the relaunch ran one rank"
 
 
@@ -387,31 +377,21 @@ def _prefect_post(url: str, path: str, body: dict) -> list[dict]:
 # docs/fault-tolerance.md "Growing": a flow with --max-workers asks the cluster it started for
 # that many workers, and grows onto the one that joins: a log line, a Prefect event, a note
 # on the progress artifact and the world_size metric say so.
-def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(cluster, tmp_path):
+def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(start, tmp_path):
     env = {
-        **{k: v for k, v in cluster["env"].items() if k != "DDPFLOW_DASK_ADDRESS"},
         "DDPFLOW_DASK_WORKERS": "2",  # the flow's own LocalCluster starts with 2
         "DDPFLOW_GROW_SETTLE_S": "2",
     }
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    args = ["--epochs", "6", "--world-size", "2", "--max-workers", "3"]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
-        cwd=tmp_path,
-        env={**project_env(tmp_path), **env, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    flow_run = start(tmp_path, None, env, epochs=6, world_size=2, max_workers=3)
+    state, output = finish(flow_run, "world size 2 -> 3", TRAINED)
+    assert state.is_completed(), output[-4000:]
     assert "max_workers=3: scaled the cluster to 3 workers" in output
     line = re.search(r"world size 2 -> 3 \(joined: (tcp|tls)://127\.0\.0\.1:\d+\)", output)
     assert line, output[-4000:]
     assert [value for _, value in metric_points(tmp_path, "world_size")] == [2.0, 3.0]
     _, run = the_run(tmp_path)
     assert "ddpflow.restarts" not in run.data.tags, "a grow is not a restart"
-    url = cluster["prefect_url"]
+    url = prefect_url()
     deadline = time.monotonic() + 60
     events: list[dict] = []
     while not events and time.monotonic() < deadline:  # the server persists events in batches

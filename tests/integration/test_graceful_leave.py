@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,16 +30,18 @@ from infra.runtime import BIN, base_env
 from infra.services import free_port, start_prefect_server
 from tests.integration.charlm_runs import (
     EPOCHS,
+    TINY,
     assert_same_metrics,
     assert_same_weights,
     final_weights,
     finish,
     metric_points,
+    process_gone,
+    restart_rows,
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import REPO
-from tests.integration.test_fault_tolerance import process_gone, restart_rows, start_flow
+from tests.integration.conftest import REPO, project_env
 
 pytestmark = pytest.mark.integration
 CONTROL_EVERY = 20  # fit() reads a stop request every log_every_steps (20) steps
@@ -64,6 +68,19 @@ def scheduler(tmp_path_factory) -> Iterator[dict]:
             }
     finally:
         stop(server)
+
+
+def start_flow(project: Path, cluster: dict) -> subprocess.Popen[str]:
+    """`python -m flows.train_charlm` (the tiny training) in `project`, on the scheduler."""
+    project.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
+        cwd=project,
+        env={**project_env(project), **cluster["env"], "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 class Workers:
@@ -186,6 +203,6 @@ def test_retire_workers_and_sigterm_to_a_nanny_checkpoint_at_the_next_step_and_r
     causes = assert_completed_with_two_stops(tmp_path, output)
     assert f"worker {retired} asked to stop (its worker is closing" in causes[0], causes
     assert f"worker {stopped} asked to stop (its nanny is closing" in causes[1], causes
-    assert len(restart_rows(cluster, the_run(tmp_path)[1].info.run_id)) == 2
+    assert len(restart_rows(cluster["prefect_url"], the_run(tmp_path)[1].info.run_id)) == 2
     assert_same_weights(final_weights(tmp_path), charlm_reference)
     assert_same_metrics(tmp_path, charlm_reference_project)

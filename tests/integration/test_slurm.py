@@ -16,15 +16,15 @@ from pathlib import Path
 import pytest
 
 from infra.services import free_port, start_prefect_server, stop
-from tests.integration.conftest import REPO, project_env
-from tests.integration.slurm_cluster import Slurm
-from tests.integration.test_fault_tolerance import (
+from tests.integration.charlm_runs import (
     TINY,
     assert_completed_once_with_one_restart,
     finish,
     the_run,
     wait_for_checkpoint,
 )
+from tests.integration.conftest import REPO, project_env
+from tests.integration.slurm_cluster import Slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 JOBS_TIMEOUT_S = 120
