@@ -85,16 +85,25 @@ def ensure_engine() -> subprocess.Popen | None:
 
 
 def _exists(image: str) -> bool:
-    return (
-        subprocess.run(["docker", "image", "inspect", image], capture_output=True).returncode == 0
+    return _image_id(image) is not None
+
+
+def _image_id(image: str) -> str | None:
+    found = subprocess.run(
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+        capture_output=True,
+        text=True,
     )
+    return found.stdout.strip() if found.returncode == 0 else None
 
 
 def _build(tag: str, dockerfile: str, context: Path, *args: str) -> None:
     (context / "Dockerfile").write_text(dockerfile)
+    # --force-rm: a failed step's container is removed too (by default it stays, 7 GB each).
     run(
-        "docker", "build", "--network", "host", "-q", "-t", tag, *args, str(context), timeout_s=1800
-    )
+        "docker", "build", "--network", "host", "--force-rm", "-q", "-t", tag, *args,
+        str(context), timeout_s=1800,
+    )  # fmt: skip
 
 
 def build_images(work: Path) -> None:
@@ -135,8 +144,11 @@ def build_images(work: Path) -> None:
             'CMD ["nginx", "-g", "daemon off;"]\n',
             context,
         )
+    # The images these builds replace: each rebuild (the checkout changed) would leave the
+    # previous ones behind, untagged, 7 GB each, until the disk is full.
+    replaced = [_image_id(S3_STANDIN), _image_id(PROJECT)]  # the stand-in is built FROM it
     run(
-        "docker", "build", "--network", "host", "-q", "-t", PROJECT,
+        "docker", "build", "--network", "host", "--force-rm", "-q", "-t", PROJECT,
         "--build-arg", f"BASE_IMAGE={PYTHON}", "-f", "infra/docker/Dockerfile", ".",
         cwd=REPO, timeout_s=1800,
     )  # fmt: skip
@@ -149,3 +161,8 @@ def build_images(work: Path) -> None:
         "RUN pip install -c /tmp/constraints.txt 'moto[server]'\n",
         context,
     )
+    current = {_image_id(S3_STANDIN), _image_id(PROJECT)}
+    for old in replaced:
+        if old is not None and old not in current:
+            # Fails, harmlessly, for an image a container still uses: it stays.
+            subprocess.run(["docker", "image", "rm", old], capture_output=True)
