@@ -147,11 +147,12 @@ def run_in_process(
     settings = {
         "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-        **({"DDPFLOW_DASK_ADDRESS": address} if address else {}),
-        **(env or {}),
     }
-    if not address:
+    if address:
+        settings["DDPFLOW_DASK_ADDRESS"] = address
+    else:
         monkeypatch.delenv("DDPFLOW_DASK_ADDRESS", raising=False)
+    settings.update(env or {})
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     return flow(**parameters)

@@ -61,12 +61,14 @@ def cluster(flow_services) -> Iterator[distributed.Client]:
         yield client
 
 
-def wait_until_both_workers_started(address: str, timeout_s: float = 120) -> None:
-    """Until each of the 2 nannies of the cluster at `address` (a LocalCluster in this
-    process) has a worker process it saw start. The scheduler lists a restarted worker
-    before its nanny is done starting it, and the tests follow each other within seconds
-    here: in one run a worker killed again so soon never came back (1 of 2 workers for the
-    rest of the module). Each test stops only workers whose start is complete."""
+def wait_for_both_workers(client: distributed.Client, timeout_s: float = 120) -> None:
+    """Until each of the 2 nannies of the client's cluster (a LocalCluster in this process)
+    has a worker process it saw start, and the scheduler has both. The scheduler lists a
+    restarted worker before its nanny is done starting it, and the tests follow each other
+    within seconds here: in one run a worker killed again so soon never came back (1 of 2
+    workers for the rest of the module). Each test stops only workers whose start is
+    complete."""
+    address = client.scheduler.address
     (local,) = [c for c in list(SpecCluster._instances) if c.scheduler_address == address]
     deadline = time.monotonic() + timeout_s
     while True:
@@ -77,6 +79,7 @@ def wait_until_both_workers_started(address: str, timeout_s: float = 120) -> Non
             return
         assert time.monotonic() < deadline, f"workers not back: {[n.status for n in nannies]}"
         time.sleep(0.2)
+    client.wait_for_workers(2, timeout=timeout_s)
 
 
 @pytest.fixture
@@ -88,8 +91,7 @@ def start(flow_services, cluster, monkeypatch):
         project: Path, address: str | None = flow_services, env: dict[str, str] | None = None,
         **overrides: Any,
     ) -> concurrent.futures.Future:  # fmt: skip
-        wait_until_both_workers_started(flow_services)
-        cluster.wait_for_workers(2, timeout=120)
+        wait_for_both_workers(cluster)
         training = CharLMParams(**{**TINY_PARAMS, **overrides})
         return start_in_process(train_charlm, project, address, monkeypatch, env, training=training)
 
@@ -313,8 +315,7 @@ def test_a_killed_worker_costs_a_sweep_only_the_trial_on_it(
     """Three one-rank trials on two workers. The worker under a running trial is killed:
     that trial fails promptly, and the queued trial runs on the worker's restarted process
     (its new address), not on the dead address, as does everything after it."""
-    wait_until_both_workers_started(flow_services)
-    cluster.wait_for_workers(2, timeout=120)
+    wait_for_both_workers(cluster)
     sweep = SweepParams(trials=SWEEP_TRIALS, hidden_size=32, num_layers=1, batch_size=1024)
     flow_run = start_in_process(sweep_charlm, tmp_path, flow_services, monkeypatch, sweep=sweep)
     wait_for_checkpoint(tmp_path, 1, flow_run)
