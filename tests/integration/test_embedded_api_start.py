@@ -4,15 +4,19 @@ and its uvicorn server, no mocks."""
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 import psutil
 import pytest
 
+from ddpflow.integrations.prefect.server import server_env, start_server
 from tests.integration.charlm_runs import TINY
 from tests.integration.conftest import REPO, project_env
 
@@ -52,3 +56,31 @@ def test_the_server_dies_with_a_flow_process_killed_by_sigkill(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_no_other_listener_can_take_the_servers_port_while_it_starts(tmp_path):
+    """The server's port is bound before its process starts, not by the server once its
+    imports are done (seconds later): a flow's LocalCluster, starting in those seconds,
+    once got the same port from a bind to port 0, and the flow failed with "temporary API
+    server exited with code 3" while its health check talked TLS to a Dask listener."""
+    port, server = start_server({**server_env(), "PREFECT_HOME": str(tmp_path)})
+    try:
+        intruder = socket.socket()
+        with pytest.raises(OSError) as taken, intruder:
+            intruder.bind(("127.0.0.1", port))  # the server is still importing
+        assert taken.value.errno == errno.EADDRINUSE
+        assert server.poll() is None, "the server started and stopped before the bind"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health") as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                assert server.poll() is None, f"the server exited ({server.returncode})"
+                time.sleep(0.2)
+        else:
+            pytest.fail(f"the server did not answer on port {port} within 120 s")
+    finally:
+        server.terminate()
+        server.wait(30)

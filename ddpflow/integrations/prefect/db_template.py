@@ -29,7 +29,7 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.integrations.prefect.server import free_port, server_command, server_env
+from ddpflow.integrations.prefect.server import server_env, start_server
 from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
@@ -72,11 +72,10 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
     if target is None:
         raise RuntimeError("Prefect is not installed: there is no database to make")
     with tempfile.TemporaryDirectory(prefix="ddpflow-prefect-home-") as home:
-        port = free_port()
         env = {**server_env(), "PREFECT_HOME": home}  # the server a flow starts, elsewhere
         for name in (*DATABASE_URL_VARIABLES, TEMPLATE_VARIABLE):
             env.pop(name, None)
-        server = subprocess.Popen(server_command(port), env=env)
+        port, server = start_server(env)
         try:
             _wait_healthy(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
         finally:

@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.integrations.prefect.server import free_port, server_command, server_env
+from ddpflow.integrations.prefect.server import server_env, start_server
 
 _PR_SET_PDEATHSIG = 1
 
@@ -70,10 +70,8 @@ def start_early() -> None:
     from ddpflow.integrations.prefect import db_template
 
     _seeded = db_template.seed()
-    port = free_port()
     preexec = _die_with_parent if sys.platform == "linux" else None
-    process = subprocess.Popen(server_command(port), env=server_env(), preexec_fn=preexec)  # noqa: PLW1509
-    _started = (port, process)
+    _started = start_server(server_env(), preexec)
     atexit.register(_stop_unadopted)
 
 

@@ -1,30 +1,53 @@
 """How Prefect's temporary API server is started: the command and environment Prefect's own
-start uses, on a free loopback port. Standard library only: a flow's command line runs it
-before its imports (early_api), and `make venv` to build the database template."""
+start uses, but on a loopback socket bound before the process starts (start_server).
+Standard library only: a flow's command line runs it before its imports (early_api), and
+`make venv` to build the database template."""
 
 from __future__ import annotations
 
 import importlib.util
 import os
 import socket
+import subprocess
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+# uvicorn's own backlog for the sockets it binds.
+SOCKET_BACKLOG = 2048
 
-def free_port() -> int:
+
+def start_server(
+    env: Mapping[str, str], preexec_fn: Callable[[], None] | None = None
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """Prefect's temporary server in a process of its own: its port and the process.
+
+    The server listens on a socket bound here, inherited by the process (uvicorn's --fd),
+    not on a port number it would bind itself seconds later, once its imports are done: in
+    that window any bind to port 0 on the machine may be handed the same port (the flow's
+    own LocalCluster starts in it), and the server then exits at start (code 3) while its
+    health check talks to the other listener.
+    """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        sock.listen(SOCKET_BACKLOG)
+        process = subprocess.Popen(  # noqa: PLW1509 - preexec_fn only sets a death signal
+            server_command(sock.fileno()),
+            env=dict(env),
+            pass_fds=(sock.fileno(),),
+            preexec_fn=preexec_fn,
+        )
+        return sock.getsockname()[1], process  # the server's copy stays open
 
 
-def server_command(port: int) -> list[str]:
-    """The command Prefect runs for its temporary server, on 127.0.0.1:`port`."""
+def server_command(fd: int) -> list[str]:
+    """The command Prefect runs for its temporary server, on the listening socket `fd`."""
     spec = importlib.util.find_spec("prefect")
     if spec is None or spec.origin is None:
         raise RuntimeError("Prefect is not installed")
     command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
-    command += ["--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1"]
-    return command + ["--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    command += ["--factory", "prefect.server.api.server:create_app", "--fd", str(fd)]
+    return command + ["--log-level", "error", "--lifespan", "on"]
 
 
 def server_env() -> dict[str, str]:
