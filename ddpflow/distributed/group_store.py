@@ -6,8 +6,12 @@ read, set and delete any key. Two things narrow who that is and what they can do
 
 - Rank 0's store listens on its worker's address only. TCPStore's `host` argument names
   where clients connect, not where the server listens: its server binds `::` (or 0.0.0.0)
-  whatever the host. So rank 0 makes the listening socket itself, bound to that address,
-  and hands it over with `master_listen_fd`.
+  whatever the host. So the listening socket is made here, bound to that address, and
+  handed over with `master_listen_fd`. It is made when the launcher asks rank 0's worker
+  for the group's port (`reserve_store_port`), not when rank 0 starts: a port that was
+  only found free and released could be handed by the system to any other bind to port 0
+  on that host in between (another group's gloo pairs, a Dask comm), and the group would
+  fail to form.
 - The group reads and writes through a SealedStore keyed by a per-launch 128-bit token that
   the launcher makes in the flow process and sends to the ranks over Dask's own channel.
   Every name the server holds is an HMAC of the group's name under the token, and every
@@ -26,6 +30,8 @@ of any error that leaves the group.
 from __future__ import annotations
 
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -35,6 +41,34 @@ if TYPE_CHECKING:  # torch is imported where used: the flow process imports this
     import torch.distributed as dist
 
 HIDDEN = "***"
+# A reserved port whose rank 0 has not come for it by then is given up (a launch that failed
+# before its ranks started); rank 0 coming later binds the port itself.
+RESERVATION_TTL_S = 600.0
+
+# This worker's reserved store sockets: port -> (listening socket, when reserved).
+_reserved: dict[int, tuple[socket.socket, float]] = {}
+_reserved_lock = threading.Lock()
+
+
+def reserve_store_port(host: str) -> int:
+    """On rank 0's worker, asked by the launcher: a port for the group's store, listening
+    on `host` only from now until rank 0 opens the store on it (open_group_store)."""
+    sock = listening_socket(host, 0)
+    now = time.monotonic()
+    with _reserved_lock:
+        for port, (old, since) in list(_reserved.items()):
+            if now - since > RESERVATION_TTL_S:
+                old.close()
+                del _reserved[port]
+        port = sock.getsockname()[1]
+        _reserved[port] = (sock, now)
+    return port
+
+
+def _take_reserved(port: int) -> socket.socket | None:
+    with _reserved_lock:
+        entry = _reserved.pop(port, None)
+    return entry[0] if entry else None
 
 
 def open_group_store(
@@ -53,8 +87,11 @@ def open_group_store(
 
     listen_fd = None
     if is_master:
-        # The store's server owns the socket from here: it closes it when the store goes.
-        listen_fd = listening_socket(host, port).detach()
+        # The port's socket, reserved on this worker or (a group set up by hand, a
+        # reservation given up) bound now. The store's server owns it from here: it closes
+        # it when the store goes.
+        sock = _take_reserved(port) or listening_socket(host, port)
+        listen_fd = sock.detach()
     store = dist.TCPStore(
         host,
         port,

@@ -17,14 +17,10 @@ from typing import Any, TypeVar
 
 import distributed
 
-from ddpflow.distributed.context import (
-    RankSpec,
-    cuda_available,
-    find_free_port,
-    process_group,
-)
+from ddpflow.distributed.context import RankSpec, cuda_available, process_group
 from ddpflow.distributed.failures import LaunchError, RankFailure, describe
 from ddpflow.distributed.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
+from ddpflow.distributed.group_store import reserve_store_port
 from ddpflow.distributed.planning import (
     RankAssignment,
     choose_backend,
@@ -117,7 +113,7 @@ def _run_group(
     addresses = [a.worker_address for a in plan]
     backend = choose_backend(_ask_all(client, plan, cuda_available))
     rank0 = plan[0]
-    port = _ask_all(client, plan[:1], find_free_port)[rank0.worker_address]
+    port = _ask_all(client, plan[:1], reserve_store_port, rank0.host)[rank0.worker_address]
     launch_id = uuid.uuid4().hex[:12]
     store_token = new_store_token()
     log.info(
@@ -231,11 +227,12 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
 
 
 def _ask_all(
-    client: distributed.Client, plan: list[RankAssignment], fn: Callable[[], R]
+    client: distributed.Client, plan: list[RankAssignment], fn: Callable[..., R], *args: Any
 ) -> dict[str, R]:
-    """`fn()` on each rank's worker, bounded; a worker that does not answer fails the launch."""
+    """`fn(*args)` on each rank's worker, bounded; a worker that does not answer fails the
+    launch."""
     workers = [a.worker_address for a in plan]
-    answers = ask_each(client, fn, workers=workers, timeout_s=START_ASK_TIMEOUT_S)
+    answers = ask_each(client, fn, *args, workers=workers, timeout_s=START_ASK_TIMEOUT_S)
     failures = [
         RankFailure(
             a.rank,

@@ -8,7 +8,9 @@ tests/integration/test_store_privacy.py.
 
 from __future__ import annotations
 
+import errno
 import re
+import socket
 import threading
 import traceback
 from datetime import timedelta
@@ -21,6 +23,7 @@ from ddpflow.distributed.group_store import (
     HIDDEN,
     listening_socket,
     open_group_store,
+    reserve_store_port,
     token_kept_out_of_errors,
 )
 from ddpflow.distributed.sealed_store import SealBroken
@@ -47,6 +50,25 @@ def test_rank_0s_store_listens_on_its_address_only_and_serves_the_group():
     assert client.get("k") == b"v"
     del server, client  # the store owns the socket: a long-lived worker keeps no listener
     assert listening_addresses(port) == set()
+
+
+def test_the_port_rank_0s_worker_gives_the_launcher_is_held_until_rank_0_serves_on_it():
+    """The launcher asks rank 0's worker for the store's port before the ranks start. A
+    port only found free and released there could go to any other bind to port 0 on that
+    host before rank 0 binds it (another group's gloo pairs, a Dask comm), and the group
+    would fail to form; the reserved port stays bound, and rank 0's store serves on that
+    very socket."""
+    port = reserve_store_port("127.0.0.1")
+    assert listening_addresses(port) == {"127.0.0.1"}
+    with socket.socket() as intruder, pytest.raises(OSError) as taken:
+        intruder.bind(("127.0.0.1", port))
+    assert taken.value.errno == errno.EADDRINUSE
+    server = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
+    client = open_group_store("127.0.0.1", port, 1, False, SECOND * 5, TOKEN)
+    server.set("k", b"v")
+    assert client.get("k") == b"v"
+    del server, client
+    assert listening_addresses(port) == set(), "the store took the reserved socket along"
 
 
 def test_a_listening_socket_binds_an_ipv6_address_too():
