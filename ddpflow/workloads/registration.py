@@ -2,8 +2,9 @@
 
 Registration exports the model with torch.export (MLflow's pt2 format). The export traces
 the model under torch's fake-tensor machinery, whose state lives in the process: the
-tracing modes, dynamo's caches and what a module keeps between calls (nn.LSTM re-assigns
-its flat weights while it is traced). In a long-lived Dask worker that has run ranks,
+tracing modes and patched functions while a trace runs, dynamo's caches, other threads
+using torch meanwhile (not the model: it is loaded fresh from the checkpoint, and torch
+restores what a trace re-assigns on it). In a long-lived Dask worker that has run ranks,
 evaluations and earlier exports, the export failed intermittently ("We found a fake tensor
 in the exported program constant's list ... model.lstm"), after the expensive training had
 succeeded. A fresh interpreter carries none of that state: an export that fails in the
