@@ -20,7 +20,7 @@ MILESTONES = {
     "Prefect API starting": "Starting temporary server",
     "flow body starts": "Beginning flow run",
     "Dask cluster requested": "Creating a new Dask cluster",
-    "DDP ranks dispatched": "Run out-of-band function 'find_free_port'",
+    "DDP ranks dispatched": "Run out-of-band function 'reserve_store_port'",
 }
 LOG_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)\.(\d{3}) \| ")
 

@@ -153,7 +153,8 @@ def _reset_group_names() -> None:
 
 
 def find_free_port() -> int:
-    """A TCP port free right now on this host (run on rank 0's worker, never hard-coded)."""
+    """A TCP port free right now on this host, for a group set up by hand (a bench, a test);
+    the launcher reserves its groups' ports instead (group_store.reserve_store_port)."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -56,10 +56,10 @@ def reserve_store_port(host: str) -> int:
     sock = listening_socket(host, 0)
     now = time.monotonic()
     with _reserved_lock:
-        for port, (old, since) in list(_reserved.items()):
+        for old_port, (old, since) in list(_reserved.items()):
             if now - since > RESERVATION_TTL_S:
                 old.close()
-                del _reserved[port]
+                del _reserved[old_port]
         port = sock.getsockname()[1]
         _reserved[port] = (sock, now)
     return port
