@@ -13,6 +13,8 @@ and 64", bounds given in separate Fields are reported separately (a seed below 0
 
 from __future__ import annotations
 
+import types
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
@@ -127,6 +129,8 @@ PinMemory = Annotated[
 
 # pydantic's bound names, with the operator a message shows.
 BOUNDS = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+# ... and as a refusal's fix says them (no operators: a message reads `field=value: ...`).
+WORDS = {"ge": "at least", "gt": "above", "le": "at most", "lt": "below"}
 
 
 def bounds_of(info: FieldInfo) -> dict[str, Any]:
@@ -137,3 +141,61 @@ def bounds_of(info: FieldInfo) -> dict[str, Any]:
             if getattr(item, name, None) is not None:
                 found[name] = getattr(item, name)
     return found
+
+
+def union_members(annotation: Any) -> tuple[Any, ...]:
+    """`int | None` -> (int, NoneType); any other annotation -> (annotation,)."""
+    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
+    members = typing.get_args(annotation) if union else (annotation,)
+    # A member's own Annotated metadata (a URI's min_length) is not part of its type.
+    return tuple(typing.get_args(m)[0] if typing.get_origin(m) is Annotated else m for m in members)
+
+
+def choices(annotation: Any) -> list[Any]:
+    """The values of a Literal; with bool | Literal["auto"], the named ones first."""
+    members = union_members(annotation)
+    named = [v for m in members if typing.get_origin(m) is Literal for v in typing.get_args(m)]
+    return named + (["true", "false"] if named and bool in members else [])
+
+
+def limits(info: FieldInfo) -> str:
+    """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam, sgd"."""
+    named = choices(info.annotation)
+    if named:
+        return ", ".join(str(c) for c in named)
+    if any(getattr(m, "min_length", None) for m in info.metadata):
+        return "not empty"
+    found = bounds_of(info)
+    if found.keys() == {"ge", "le"}:
+        return f"{_number(found['ge'])} to {_number(found['le'])}"
+    return ", ".join(f"{BOUNDS[k]} {_number(v)}" for k, v in found.items())
+
+
+def fix(info: FieldInfo) -> str:
+    """What to pass instead of a refused value, read from the field's own declaration, so a
+    bound is never restated in prose: "pass an integer from 1 to 64, e.g. 4"."""
+    members = union_members(info.annotation)
+    shown = limits(info)
+    if choices(info.annotation):
+        text = f"pass one of {shown}"
+    elif bool in members:
+        text = "pass true or false"
+    elif int in members or float in members:
+        kind = "an integer" if int in members else "a number"
+        found = bounds_of(info)
+        words = [f"{WORDS[k]} {_number(v)}" for k, v in found.items()]
+        span = f"from {shown}" if " to " in shown else " and ".join(words)
+        text = f"pass {kind} {span}".rstrip()
+        if isinstance(info.default, int | float) and not isinstance(info.default, bool):
+            text += f", e.g. {_number(info.default)}"
+    elif shown:
+        text = f"pass a value that is {shown}"
+    else:  # text, or a JSON object or list (a sweep's grid or trials)
+        kinds = {dict: "a JSON object", list: "a JSON list", str: "text"}
+        given = [kinds.get(typing.get_origin(m) or m) for m in members]
+        text = "pass " + " or ".join(k for k in given if k)
+    return text + (", or leave it unset" if type(None) in members else "")
+
+
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"

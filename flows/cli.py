@@ -16,8 +16,9 @@ from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from pydantic import ValidationError
 
 from ddpflow.integrations.prefect import early_api
+from ddpflow.param_types import union_members
 from ddpflow.storage.redact import redact_text
-from flows.param_docs import field_help, parameter_model, union_members
+from flows.param_docs import field_help, parameter_model
 
 # Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
 # Its default 5 retries span about 30 s, less than a server restart on a busy host takes

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import types
 import typing
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +24,7 @@ from prefect import Flow
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from ddpflow.param_types import BOUNDS, bounds_of
+from ddpflow.param_types import limits, union_members
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(
@@ -58,38 +57,6 @@ def field_help(info: FieldInfo) -> str:
     """The field's description, with its limits ("1 to 64") after it."""
     shown = limits(info)
     return f"{info.description} [{shown}]" if shown else str(info.description)
-
-
-def limits(info: FieldInfo) -> str:
-    """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam, sgd"."""
-    choices = _choices(info.annotation)
-    if choices:
-        return ", ".join(str(c) for c in choices)
-    if any(getattr(m, "min_length", None) for m in info.metadata):
-        return "not empty"
-    found = bounds_of(info)
-    if found.keys() == {"ge", "le"}:
-        return f"{_number(found['ge'])} to {_number(found['le'])}"
-    return ", ".join(f"{BOUNDS[k]} {_number(v)}" for k, v in found.items())
-
-
-def _number(value: float) -> str:
-    return str(value) if isinstance(value, int) else f"{value:g}"
-
-
-def union_members(annotation: Any) -> tuple[Any, ...]:
-    """`int | None` -> (int, NoneType); any other annotation -> (annotation,)."""
-    union = isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union
-    return typing.get_args(annotation) if union else (annotation,)
-
-
-def _choices(annotation: Any) -> list[Any]:
-    """The values of a Literal; with bool | Literal["auto"], the named ones first."""
-    members = sorted(union_members(annotation), key=lambda m: typing.get_origin(m) is not Literal)
-    if not any(typing.get_origin(m) is Literal for m in members):
-        return []
-    named = [v for m in members if typing.get_origin(m) is Literal for v in typing.get_args(m)]
-    return named + (["true", "false"] if bool in members else [])
 
 
 def type_name(annotation: Any) -> str:

@@ -8,8 +8,11 @@ are the annotated types of ddpflow.param_types (the sweep's per-trial check read
 ones); its default is written here, once; a flow whose default differs (a scaling run keeps
 one checkpoint) overrides it in its own model.
 
-Every refusal names the field, the value and the fix (FIXES), whoever validates: the model
-explains pydantic's errors itself, so Prefect's "invalid parameters" message carries it.
+Every refusal names the field, the value and the fix, whoever validates: the model explains
+pydantic's errors itself, so Prefect's "invalid parameters" message carries it. The fix is
+read from the field's declaration (ddpflow.param_types.fix: "pass an integer from 1 to 64,
+e.g. 4"), so a bound is written once; a validator's own refusal (a URI with a credential)
+says its fix itself.
 
 A URI parameter (source, weights) with user info (user:password@, TOKEN@) or any query value
 (?token=, ?sig=, X-Amz-Signature= ...) is refused: Prefect records a flow run's parameters
@@ -37,7 +40,6 @@ from pydantic_core import PydanticCustomError
 from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
 from ddpflow.distributed.elastic import check_world_bounds
 from ddpflow.param_types import (
-    MAX_RANK_TIMEOUT_S,
     AutoToggle,
     BatchSize,
     CheckpointEveryS,
@@ -64,43 +66,13 @@ from ddpflow.param_types import (
     ShardMb,
     StreamAboveMb,
     WorldSize,
+    fix,
 )
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
-from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED, check_global_batch_fits
+from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.workloads.vision.config import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE
 from ddpflow.workloads.vision.objects import MAX_IMAGE_MB
-
-# What to pass instead, per field, appended to pydantic's message (which says what is wrong).
-FIXES = {
-    "rank_timeout_s": f"pass finite seconds above 0, at most {MAX_RANK_TIMEOUT_S:g}, e.g. 120",
-    "seed": f"pass an integer from 0 to {MAX_SEED}",
-    "epochs": f"pass an integer from 1 to {MAX_EPOCHS}",
-    "batch_size": "pass a positive integer, e.g. 64",
-    "lr": "pass a learning rate above 0 and at most 10, e.g. 0.001",
-    "hidden_size": "pass an integer from 1 to 8192, e.g. 128",
-    "num_layers": "pass an integer from 1 to 64",
-    "dropout": "pass a fraction from 0 up to (not including) 1",
-    "holdout_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.1",
-    "val_fraction": "pass a fraction strictly between 0 and 1, e.g. 0.2",
-    "max_bad_fraction": "pass a fraction from 0 up to (not including) 1, e.g. 0.01",
-    "max_image_mb": f"pass a size in MiB above 0 and at most {MAX_IMAGE_MB:g}, e.g. 20",
-    "world_size": "pass a positive number of ranks, or leave it unset for every worker",
-    "min_workers": "pass a positive number of ranks, at most world_size",
-    "max_workers": "pass a positive number of ranks, at least world_size and min_workers",
-    "keep_last": "pass a positive number of checkpoints to keep",
-    "checkpoint_every_steps": "pass a whole number of steps, 0 or more (0: none by step count)",
-    "checkpoint_every_s": (
-        f"pass seconds from 0 to {MAX_RANK_TIMEOUT_S:g}, e.g. 600 (0: no time-based checkpoints)"
-    ),
-    "target_loss": "pass a validation loss above 0, e.g. 2.0, or leave it unset",
-    "target_accuracy": "pass an accuracy above 0 and at most 1, e.g. 0.9, or leave it unset",
-    "precision": "pass auto (bf16 on GPUs, fp32 on CPU), fp32, bf16 or fp16",
-    "channels_last": "pass auto (on for GPUs), true or false",
-    "pin_memory": "pass auto (on for GPUs), true or false",
-    "compile": "pass true or false",
-    "margin": "pass a loss difference of 0 or more, e.g. 0.05",
-}
 
 CREDENTIALS_FIX = (
     "pass the URI without user info or query string and put credentials in the environment "
@@ -157,7 +129,7 @@ class _Params(BaseModel):
         try:
             params = handler(values)
         except ValidationError as error:
-            raise _explained("; ".join(_describe(e) for e in error.errors())) from None
+            raise _explained("; ".join(_describe(cls, e) for e in error.errors())) from None
         try:
             params._check()
         except ValueError as error:
@@ -174,12 +146,14 @@ def _explained(problems: str) -> PydanticCustomError:
     return PydanticCustomError("flow_parameters", text.replace("{", "{{").replace("}", "}}"))
 
 
-def _describe(error: Any) -> str:
+def _describe(model: type[BaseModel], error: Any) -> str:
     field = ".".join(str(p) for p in error["loc"])
     if error["type"] == "flow_parameters":  # a nested model's, explained already
         return error["msg"].removeprefix("invalid flow parameters: ")
-    fix = FIXES.get(field)
-    return f"{field}={error.get('input')!r}: {error['msg']}" + (f"; {fix}" if fix else "")
+    info = model.model_fields.get(str(error["loc"][0])) if error["loc"] else None
+    # A validator's ValueError (a URI with a credential) carries its own fix.
+    fixed = info is not None and error["type"] != "value_error"
+    return f"{field}={error.get('input')!r}: {error['msg']}" + (f"; {fix(info)}" if fixed else "")
 
 
 def validate_params(model: type[BaseModel], values: dict) -> Any:

@@ -20,7 +20,6 @@ from ddpflow.workloads.sweep.config import TrialConfig, validate_trial
 from flows import param_docs
 from flows.cli import run_cli
 from flows.params import (
-    FIXES,
     CharLMParams,
     CharLMScalingParams,
     CharLMTraining,
@@ -200,18 +199,27 @@ MODELS = (CharLMParams, ImageParams, SweepParams, CharLMScalingParams, ImageScal
 MODELS += (RetrainParams,)
 
 
-@pytest.mark.parametrize("field", sorted(FIXES))
-def test_each_fix_quotes_the_declared_bounds(field: str) -> None:
-    # The fixes are prose ("pass an integer from 1 to 8192, e.g. 128"); a changed bound must
-    # change its fix too. "positive" stands for a lower bound of 1 (or above 0).
-    fix = FIXES[field].replace(",", "")
-    declared_in = [m.model_fields[field] for m in MODELS if field in m.model_fields]
-    assert declared_in, f"a fix for {field}, which no model declares"
-    for info in declared_in:
-        for kind, bound in bounds_of(info).items():
-            positive = (kind, bound) in (("ge", 1), ("gt", 0)) and "positive" in fix
-            shown = str(bound) if isinstance(bound, int) else f"{bound:g}"
-            assert positive or shown in fix, (field, kind, bound)
+BOUNDED = sorted(
+    {(m.__name__, f) for m in MODELS for f, info in m.model_fields.items() if bounds_of(info)}
+)
+
+
+@pytest.mark.parametrize(("model_name", "field"), BOUNDED)
+def test_a_value_out_of_bounds_is_refused_with_the_declared_bounds(model_name, field) -> None:
+    # The fix is read from the declaration ("pass an integer from 1 to 8192, e.g. 128"): a
+    # changed bound changes what the refusal tells the user to pass.
+    model = next(m for m in MODELS if m.__name__ == model_name)
+    bounds = bounds_of(model.model_fields[field])
+    if "ge" in bounds or "gt" in bounds:
+        value = bounds["ge"] - 1 if "ge" in bounds else bounds["gt"]
+    else:
+        value = bounds["le"] + 1 if "le" in bounds else bounds["lt"]
+    with pytest.raises(ParameterError) as refused:
+        validate_params(model, {field: value})
+    message = str(refused.value)
+    assert f"{field}={value!r}: " in message and "; pass " in message, message
+    for bound in bounds.values():
+        assert (str(bound) if isinstance(bound, int) else f"{bound:g}") in message, message
 
 
 def _entrypoints() -> list[str]:

@@ -120,9 +120,9 @@ GOOD, BAD = [png(10), png(20), png(30)], b"\x89PNG not an image"
 CASES = [
     # train-charlm parameters
     Case("charlm-timeout-inf", params(CharLMParams, CHARLM, rank_timeout_s=float("inf")),
-         ParameterError, "rank_timeout_s=inf", "pass finite seconds"),
+         ParameterError, "rank_timeout_s=inf", "pass a number above 0 and at most 604800"),
     Case("charlm-timeout-nan", params(CharLMParams, CHARLM, rank_timeout_s=float("nan")),
-         ParameterError, "rank_timeout_s=nan", "pass finite seconds"),
+         ParameterError, "rank_timeout_s=nan", "pass a number above 0 and at most 604800"),
     Case("charlm-timeout-zero", params(CharLMParams, CHARLM, rank_timeout_s=0),
          ParameterError, "rank_timeout_s=0", "above 0"),
     Case("charlm-seed-overflow", params(CharLMParams, CHARLM, seed=2 * 10**13),
@@ -135,20 +135,20 @@ CASES = [
          ParameterError, "min_workers=3", "lower min_workers or raise world_size"),
     # train-images parameters
     Case("images-batch-zero", params(ImageParams, IMAGES, batch_size=0),
-         ParameterError, "batch_size=0", "pass a positive integer"),
+         ParameterError, "batch_size=0", "pass an integer at least 1, e.g. 32"),
     Case("images-lr-inf", params(ImageParams, IMAGES, lr=float("inf")),
-         ParameterError, "lr=inf", "pass a learning rate above 0"),
+         ParameterError, "lr=inf", "pass a number above 0 and at most 10"),
     Case("images-seed-2-64", params(ImageParams, IMAGES, seed=2**64),
          ParameterError, f"seed={2**64}", f"from 0 to {MAX_SEED}"),
     Case("images-max-image-mb-zero", params(ImageParams, IMAGES, max_image_mb=0),
-         ParameterError, "max_image_mb=0", "pass a size in MiB"),
+         ParameterError, "max_image_mb=0", "pass a number above 0 and at most 256"),
     # sweep-charlm parameters
     Case("sweep-timeout-inf", params(SweepParams, SWEEP, rank_timeout_s=float("inf")),
-         ParameterError, "rank_timeout_s=inf", "pass finite seconds"),
+         ParameterError, "rank_timeout_s=inf", "pass a number above 0 and at most 604800"),
     Case("sweep-seed-overflow", params(SweepParams, SWEEP, seed=MAX_SEED + 1),
          ParameterError, f"seed={MAX_SEED + 1}", f"from 0 to {MAX_SEED}"),
     Case("sweep-lr-nan", params(SweepParams, SWEEP, lr=float("nan")),
-         ParameterError, "lr=nan", "pass a learning rate above 0"),
+         ParameterError, "lr=nan", "pass a number above 0 and at most 10"),
     # settings, read by every flow
     Case("dask-workers-zero", settings(DDPFLOW_DASK_WORKERS="0"),
          ConfigError, "DDPFLOW_DASK_WORKERS='0'", "e.g. 2"),

@@ -69,7 +69,8 @@ def test_the_flow_fits_the_sizes_to_the_rank_workers(monkeypatch) -> None:
     [
         (
             {"target_loss": 0.0},
-            "target_loss=0.0: Input should be greater than 0; pass a validation loss",
+            "target_loss=0.0: Input should be greater than 0; "
+            "pass a number above 0, or leave it unset",
         ),
         ({"target_accuracy": 1.5}, "target_accuracy=1.5: Input should be less than or equal"),
     ],
