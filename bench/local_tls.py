@@ -18,19 +18,11 @@ A figure is the median over rounds; the ratio is TLS / plain (time: > 1 is slowe
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import distributed
 
-from bench.common import (
-    Result,
-    load_average,
-    median,
-    print_results,
-    record_entry,
-    stop_cleanly_on_sigterm,
-)
+from bench.common import Result, command_line, load_average, median, print_results, record_entry
 from ddpflow.cluster.build import local_cluster
 
 WORKERS = 2
@@ -105,9 +97,7 @@ def _results(found: dict[bool, list[dict[str, float]]], round_trips: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    stop_cleanly_on_sigterm()
-    parser = argparse.ArgumentParser(prog="python -m bench.local_tls", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="2 rounds, fewer round trips")
+    parser = command_line("bench.local_tls", __doc__, quick="2 rounds, fewer round trips")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 4, quick 2)")
     parser.add_argument(
         "--record", action="store_true", help="also write entry local_tls of results/latest.json"
