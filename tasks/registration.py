@@ -11,6 +11,7 @@ where it is, and the error says how to register it later
 from __future__ import annotations
 
 import logging
+import threading
 
 from mlflow.tracking import MlflowClient
 from prefect import get_run_logger, task
@@ -29,6 +30,11 @@ log = logging.getLogger(__name__)
 RETRIES = 2  # three tries in all: a failure that survives a fresh process each time is real
 RETRY_DELAY_S = 5.0
 REGISTRATION_FAILED_TAG = "ddpflow.registration_failed"
+# An in-process export that failed and was done again in a fresh interpreter: what failed
+# and which other threads the worker's process had then. Nothing is lost (the fresh process
+# registered the model), so without this record such a failure would go unseen; its cause
+# has not been found (docs/fault-tolerance.md "Registration after a finished training").
+IN_PROCESS_FAILURE_TAG = "ddpflow.registration_in_process_failure"
 TAG_TIMEOUT_S = 30.0
 
 
@@ -43,11 +49,15 @@ def register(workload: Workload, run: RunRef, checkpoint_uri: str, model_name: s
         version = register_from_checkpoint(workload, run, checkpoint_uri, model_name)
     except Exception as error:  # noqa: BLE001 - the fresh process raises what is still wrong
         # A fresh interpreter costs 10-20 s of imports; only an export that failed pays it.
+        me = threading.current_thread()
+        others = sorted(t.name for t in threading.enumerate() if t is not me)
+        seen = f"{redact_text(str(error))} (the process's other threads: {', '.join(others)})"
         get_run_logger().warning(
-            "registering %r in this worker's process failed (%s): trying a fresh process",
+            "registering %r in this worker's process failed: %s; trying a fresh process",
             model_name,
-            redact_text(str(error)),
+            seen,
         )
+        _tag(run, IN_PROCESS_FAILURE_TAG, seen)
         version = register_in_fresh_process(workload, run, checkpoint_uri, model_name)
     describe_version(run, model_name, version)
     return version
@@ -60,7 +70,7 @@ def register_trained(workload: Workload, run: RunRef, checkpoint_uri: str, model
         return register.submit(workload, run, checkpoint_uri, model_name).result()
     except Exception as error:
         cause = redact_text(str(error)) or type(error).__name__
-        _tag_failure(run, cause)
+        _tag(run, REGISTRATION_FAILED_TAG, cause)
         raise RegistrationFailed(
             f"training and evaluation finished (MLflow run {run.run_id}, checkpoint "
             f"{redact_url(checkpoint_uri)}), but registering {model_name!r} failed "
@@ -69,15 +79,13 @@ def register_trained(workload: Workload, run: RunRef, checkpoint_uri: str, model
         ) from error
 
 
-def _tag_failure(run: RunRef, cause: str) -> None:
+def _tag(run: RunRef, key: str, text: str) -> None:
     """Say on the run what failed; an MLflow that is down too only costs the tag."""
     try:
         call_bounded(
-            lambda: MlflowClient(run.tracking_uri).set_tag(
-                run.run_id, REGISTRATION_FAILED_TAG, cause[:5000]
-            ),
+            lambda: MlflowClient(run.tracking_uri).set_tag(run.run_id, key, text[:5000]),
             TAG_TIMEOUT_S,
-            "tagging the run with the registration failure",
+            f"tagging the run with {key}",
         )
-    except Exception as error:  # noqa: BLE001 - the error raised next names the cause
-        log.warning("could not tag run %s with the registration failure: %s", run.run_id, error)
+    except Exception as error:  # noqa: BLE001 - the failure is logged or raised besides
+        log.warning("could not tag run %s with %s: %s", run.run_id, key, error)

@@ -21,7 +21,12 @@ from ddpflow.tracking.inspection import WORKLOAD_TAG
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.vocab import VOCAB_SIZE
 from flows.register_checkpoint import register_checkpoint
-from tasks.registration import REGISTRATION_FAILED_TAG, RegistrationFailed, register_trained
+from tasks.registration import (
+    IN_PROCESS_FAILURE_TAG,
+    REGISTRATION_FAILED_TAG,
+    RegistrationFailed,
+    register_trained,
+)
 from tests.unit.champion_helpers import constant_model, save_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -107,4 +112,8 @@ def test_an_export_that_fails_in_the_workers_process_is_done_in_a_fresh_one(trai
     registered = client.get_model_version(MODEL, version)
     assert registered.run_id == run.run_id
     assert registered.tags[CHECKPOINT_TAG] == trained["checkpoint"]
-    assert REGISTRATION_FAILED_TAG not in client.get_run(run.run_id).data.tags
+    tags = client.get_run(run.run_id).data.tags
+    assert REGISTRATION_FAILED_TAG not in tags
+    # The failure the fresh process made up for is recorded with what else the process ran.
+    seen = tags[IN_PROCESS_FAILURE_TAG]
+    assert seen.startswith(PLANTED) and "(the process's other threads: " in seen, seen
