@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +27,7 @@ import pytest
 
 from infra.procs import Service, pid_alive
 from infra.services import free_port, start_dask, start_prefect_server, stop
+from tasks.registration import IN_PROCESS_FAILURE_TAG
 from tests.integration.charlm_runs import TINY as TINY_3_EPOCHS
 from tests.integration.conftest import REPO, project_env, project_tracking, run_flow
 
@@ -321,3 +323,10 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(tmp_path
     restarts = sorted(run.data.tags.get("ddpflow.restarts", "0") for run in trainings)
     assert restarts == ["0", "0", "1"], outputs[1][-3000:]
     assert not any("ddpflow.registration_failed" in run.data.tags for run in trainings)
+    # An export that failed in a worker and was made up for by a fresh process passes the
+    # test (nothing was lost) but is the failure whose cause is still sought: the warning
+    # puts it, with the worker's threads, in the test summary instead of nowhere.
+    for run in trainings:
+        if IN_PROCESS_FAILURE_TAG in run.data.tags:
+            seen = run.data.tags[IN_PROCESS_FAILURE_TAG]
+            warnings.warn(f"in-process export failed: {seen}", stacklevel=1)
