@@ -165,36 +165,40 @@ def limits(info: FieldInfo) -> str:
         return ", ".join(str(c) for c in named)
     if any(getattr(m, "min_length", None) for m in info.metadata):
         return "not empty"
-    found = bounds_of(info)
-    if found.keys() == {"ge", "le"}:
-        return f"{_number(found['ge'])} to {_number(found['le'])}"
-    return ", ".join(f"{BOUNDS[k]} {_number(v)}" for k, v in found.items())
+    return _bounds_text(bounds_of(info), BOUNDS, ", ")
 
 
 def fix(info: FieldInfo) -> str:
     """What to pass instead of a refused value, read from the field's own declaration, so a
     bound is never restated in prose: "pass an integer from 1 to 64, e.g. 4"."""
     members = union_members(info.annotation)
-    shown = limits(info)
-    if choices(info.annotation):
-        text = f"pass one of {shown}"
+    named = choices(info.annotation)
+    if named:
+        text = "pass one of " + ", ".join(str(c) for c in named)
     elif bool in members:
         text = "pass true or false"
     elif int in members or float in members:
         kind = "an integer" if int in members else "a number"
         found = bounds_of(info)
-        words = [f"{WORDS[k]} {_number(v)}" for k, v in found.items()]
-        span = f"from {shown}" if " to " in shown else " and ".join(words)
-        text = f"pass {kind} {span}".rstrip()
+        span = _bounds_text(found, WORDS, " and ")
+        text = f"pass {kind} " + ("from " if found.keys() == {"ge", "le"} else "") + span
+        text = text.rstrip()
         if isinstance(info.default, int | float) and not isinstance(info.default, bool):
             text += f", e.g. {_number(info.default)}"
-    elif shown:
-        text = f"pass a value that is {shown}"
+    elif any(getattr(m, "min_length", None) for m in info.metadata):
+        text = "pass a value that is not empty"
     else:  # text, or a JSON object or list (a sweep's grid or trials)
         kinds = {dict: "a JSON object", list: "a JSON list", str: "text"}
         given = [kinds.get(typing.get_origin(m) or m) for m in members]
         text = "pass " + " or ".join(k for k in given if k)
     return text + (", or leave it unset" if type(None) in members else "")
+
+
+def _bounds_text(found: dict[str, Any], names: dict[str, str], joiner: str) -> str:
+    """ "1 to 64" for a closed range; else each bound by its name in `names`, joined."""
+    if found.keys() == {"ge", "le"}:
+        return f"{_number(found['ge'])} to {_number(found['le'])}"
+    return joiner.join(f"{names[k]} {_number(v)}" for k, v in found.items())
 
 
 def _number(value: float) -> str:
