@@ -162,8 +162,8 @@ def limits(info: FieldInfo) -> str:
     """A field's bounds or choices as text: "1 to 64", "> 0, <= 10", "adam, sgd"."""
     named = choices(info.annotation)
     if named:
-        return ", ".join(str(c) for c in named)
-    if any(getattr(m, "min_length", None) for m in info.metadata):
+        return _listed(named)
+    if _must_not_be_empty(info):
         return "not empty"
     return _bounds_text(bounds_of(info), BOUNDS, ", ")
 
@@ -174,7 +174,7 @@ def fix(info: FieldInfo) -> str:
     members = union_members(info.annotation)
     named = choices(info.annotation)
     if named:
-        text = "pass one of " + ", ".join(str(c) for c in named)
+        text = "pass one of " + _listed(named)
     elif bool in members:
         text = "pass true or false"
     elif int in members or float in members:
@@ -185,13 +185,21 @@ def fix(info: FieldInfo) -> str:
         text = text.rstrip()
         if isinstance(info.default, int | float) and not isinstance(info.default, bool):
             text += f", e.g. {_number(info.default)}"
-    elif any(getattr(m, "min_length", None) for m in info.metadata):
+    elif _must_not_be_empty(info):
         text = "pass a value that is not empty"
     else:  # text, or a JSON object or list (a sweep's grid or trials)
         kinds = {dict: "a JSON object", list: "a JSON list", str: "text"}
         given = [kinds.get(typing.get_origin(m) or m) for m in members]
         text = "pass " + " or ".join(k for k in given if k)
     return text + (", or leave it unset" if type(None) in members else "")
+
+
+def _listed(named: list[Any]) -> str:
+    return ", ".join(str(c) for c in named)
+
+
+def _must_not_be_empty(info: FieldInfo) -> bool:
+    return any(getattr(m, "min_length", None) for m in info.metadata)
 
 
 def _bounds_text(found: dict[str, Any], names: dict[str, str], joiner: str) -> str:
