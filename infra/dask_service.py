@@ -31,9 +31,10 @@ def start_dask(
     protocol = "tls" if tls else "tcp"
     address = f"{protocol}://127.0.0.1:{scheduler_port}"
     # ddpflow.cluster.workers.WORKER_ENV: non-daemonic, no profiler, slower health checks, no
-    # malloc env.
+    # malloc env; a setting in env wins (a test starts workers with Dask's profiler on, as
+    # a plain `dask worker` has it).
     # The TLS settings in env also make the workers' own clients (get_client) use TLS.
-    dask_env = base_env({**env, **WORKER_ENV, **(tls.dask_env() if tls else {})})
+    dask_env = base_env({**WORKER_ENV, **env, **(tls.dask_env() if tls else {})})
     tls_args = ["--protocol", "tls", *tls.cli_args()] if tls else []
     argv = [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(scheduler_port)]
     scheduler = spawn("dask-scheduler", [*argv, *tls_args, *LOOPBACK_HTTP], dask_env, log_dir)

@@ -32,8 +32,9 @@ RETRY_DELAY_S = 5.0
 REGISTRATION_FAILED_TAG = "ddpflow.registration_failed"
 # An in-process export that failed and was done again in a fresh interpreter: what failed
 # and which other threads the worker's process had then. Nothing is lost (the fresh process
-# registered the model), so without this record such a failure would go unseen; its cause
-# has not been found (docs/fault-tolerance.md "Registration after a finished training").
+# registered the model), so without this record such a failure would go unseen. The one
+# cause found (Dask's profiler) is paused for the export; this records any other
+# (docs/fault-tolerance.md "Registration after a finished training").
 IN_PROCESS_FAILURE_TAG = "ddpflow.registration_in_process_failure"
 TAG_TIMEOUT_S = 30.0
 

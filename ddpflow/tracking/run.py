@@ -22,6 +22,7 @@ from mlflow.entities import Param
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
+from ddpflow.cluster.profiler import worker_profiler_paused
 from ddpflow.storage.bounded import call_bounded
 from ddpflow.storage.redact import redact_text, redact_url
 
@@ -117,6 +118,9 @@ def register_pt2_model(
     pt2 rather than pickle: loading it needs torch, not ddpflow's classes. Explicit pip
     requirements skip MLflow's slow dependency inference. `quiet_warnings` are
     `warnings.filterwarnings` arguments for export notes known to be harmless.
+
+    In a Dask worker, the worker's profiler is paused for the export: it can make torch.export
+    fail (ddpflow.cluster.profiler says how).
     """
     import torch  # lazy: the flow process imports this module and starts without torch
 
@@ -125,7 +129,11 @@ def register_pt2_model(
     with torch.no_grad():
         signature = infer_signature(example, serving(torch.from_numpy(example)).numpy())
     mlflow.set_tracking_uri(run.tracking_uri)
-    with mlflow.start_run(run_id=run.run_id), warnings.catch_warnings():
+    with (
+        mlflow.start_run(run_id=run.run_id),
+        warnings.catch_warnings(),
+        worker_profiler_paused(),
+    ):
         for quiet in quiet_warnings:
             warnings.filterwarnings("ignore", **quiet)
         info = mlflow_pytorch.log_model(
