@@ -25,8 +25,6 @@ from mlflow.tracking import MlflowClient
 from ddpflow.cluster.profiler import worker_profiler_paused
 from ddpflow.storage.bounded import call_bounded
 from ddpflow.storage.redact import redact_text, redact_url
-
-# Re-exported (`X as X`): the loggers lived here before, and callers import them from here.
 from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.spool import Unsent
 from ddpflow.tracking.store.sqlite import prepare_sqlite_store

@@ -299,7 +299,8 @@ def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path
         import numpy as np
 
         from ddpflow.registry.serving import LogitsOnly
-        from ddpflow.tracking.run import RunRef, register_pt2_model
+        from ddpflow.tracking.loggers import RunRef
+        from ddpflow.tracking.run import register_pt2_model
         from ddpflow.workloads.charlm.config import CharLSTMConfig
         from ddpflow.workloads.charlm.model import CharLSTM
 
