@@ -282,7 +282,6 @@ def checkpoints_of_epoch_1(project: Path) -> int:
     return len(list(project.glob("artifacts/runs/*/checkpoints/epoch-0001.pt")))
 
 
-@pytest.mark.timeout(900)
 def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path: Path) -> None:
     """Ten registrations in a row on a real `dask worker` with Dask's profiler on, as a plain
     `dask worker` has it, sampling every 0.1 ms (its default: 10 ms), and the worker's GIL
@@ -324,6 +323,7 @@ def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path
     assert versions == [str(number) for number in range(1, 11)]
 
 
+@pytest.mark.timeout(900)
 def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(tmp_path: Path) -> None:
     """Three trainings on one plain `dask worker --nworkers 2` (spawned worker processes,
     Dask's profiler on), the second with a worker SIGKILLed after its first epoch: each
