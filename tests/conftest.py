@@ -22,7 +22,8 @@ def one_torch_thread() -> Iterator[None]:
 
 # How `make test` spreads the suite over processes (pytest-xdist, `--dist loadscope`, with the
 # scheduler below). Each integration module runs whole on one process, so its module-scoped
-# fixtures (a cluster, a trained project, a server) are built once. Modules sharing a
+# fixtures (a cluster, a trained project, a server) are built once; so does each module of
+# the other tiers outside tests/unit (the compose stack, GPU). Modules sharing a
 # session-scoped fixture share a group, so that fixture is built once too: the uninterrupted
 # reference run (fault tolerance, multi-host) and the Slurm cluster. Unit tests have no
 # group: any process takes them one by one.
@@ -60,10 +61,13 @@ HEAVY_FIRST = [
 
 
 def group_of(nodeid: str) -> str | None:
-    """The group a test id belongs to: its integration module's (or shared) group, or None
-    for a test any process may take alone."""
+    """The group a test id belongs to: its module's (or shared) group, or None for a unit
+    test, which any process may take alone. Every tier but the unit one builds module-scoped
+    fixtures worth sharing, and the compose stack's two tests must not run apart: two
+    processes each bringing up the same compose project at once race to create its network
+    (Docker made two of the same name) and its containers."""
     path = PurePosixPath(nodeid.split("::", 1)[0])
-    if path.parent.name != "integration":
+    if path.parent.name == "unit":
         return None
     return SHARED_GROUPS.get(path.stem, path.stem)
 

@@ -166,3 +166,19 @@ def build_images(work: Path) -> None:
         if old is not None and old not in current:
             # Fails, harmlessly, for an image a container still uses: it stays.
             subprocess.run(["docker", "image", "rm", old], capture_output=True)
+
+
+def remove_project(project: str) -> None:
+    """Remove what a compose project left (containers, networks, volumes), found by its label
+    and removed by id. `docker-compose down` names the project's network, so it cannot remove
+    two networks of the same name (which two stacks brought up at once can leave) and fails
+    on them, as does the next `up`; by id each goes."""
+    label = f"label=com.docker.compose.project={project}"
+    for listing, removal in (
+        (["ps", "-aq"], ["rm", "-f", "-v"]),
+        (["network", "ls", "-q"], ["network", "rm"]),
+        (["volume", "ls", "-q"], ["volume", "rm", "-f"]),
+    ):
+        ids = run("docker", *listing, "--filter", label).stdout.split()
+        if ids:
+            run("docker", *removal, *ids)

@@ -28,7 +28,7 @@ import botocore.exceptions
 import pytest
 
 from infra.compose_check import read_env_file
-from tests.compose_stack.engine import REPO, build_images, ensure_engine, run
+from tests.compose_stack.engine import REPO, build_images, ensure_engine, remove_project, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -131,7 +131,7 @@ def stack(tmp_path_factory) -> Iterator[dict]:
     try:
         # A stack left by an interrupted run (same project name) goes first, volumes too:
         # MLflow's user DB would keep that run's admin password.
-        compose(folder, "down", "-v", "--remove-orphans", "--timeout", "10")
+        remove_project(PROJECT_NAME)
         compose(folder, "up", "-d", *SERVICES)
         _wait_for("Prefect's API", lambda: _status("http://127.0.0.1:4200/api/health") == 200)
         _wait_for("MLflow", lambda: _status("http://127.0.0.1:5000/health") == 200)

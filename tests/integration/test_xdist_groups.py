@@ -20,11 +20,13 @@ pytestmark = pytest.mark.integration
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
 
 
-def test_integration_modules_are_groups_and_unit_tests_are_not():
+def test_modules_outside_the_unit_tier_are_groups_and_unit_tests_are_not():
     assert group_of("tests/integration/test_s3.py::test_x[a::b]") == "test_s3"
     assert group_of("tests/integration/test_multihost.py::test_y") == "charlm-reference"
     assert group_of("tests/integration/test_fault_tolerance.py::test_z") == "charlm-reference"
     assert group_of("tests/integration/test_cluster_backends.py::T::t") == "slurm"
+    assert group_of("tests/compose_stack/test_compose_stack.py::test_x") == "test_compose_stack"
+    assert group_of("tests/gpu/test_nccl.py::test_x") == "test_nccl"
     assert group_of("tests/unit/test_checkpoint.py::test_x") is None
 
 
