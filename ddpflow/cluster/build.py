@@ -20,6 +20,7 @@ import distributed
 from distributed.deploy import Cluster
 
 from ddpflow.cluster.extras import require_extra
+from ddpflow.cluster.kept_nannies import KeptNanniesCluster
 from ddpflow.cluster.local_tls import local_security
 from ddpflow.cluster.workers import (
     CPU_RESOURCE,
@@ -87,7 +88,7 @@ def local_cluster(
         **cluster_kwargs,
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
-    return distributed.LocalCluster(n_workers=num_workers, **kwargs)
+    return KeptNanniesCluster(n_workers=num_workers, **kwargs)
 
 
 def _fork_workers_from_a_preloaded_server() -> None:

@@ -65,9 +65,9 @@ def wait_for_both_workers(client: distributed.Client, timeout_s: float = 120) ->
     """Until each of the 2 nannies of the client's cluster (a LocalCluster in this process)
     has a worker process it saw start, and the scheduler has both. The scheduler lists a
     restarted worker before its nanny is done starting it, and the tests follow each other
-    within seconds here: in one run a worker killed again so soon never came back (1 of 2
-    workers for the rest of the module). Each test stops only workers whose start is
-    complete."""
+    within seconds here, so each test stops only workers whose start is complete. (A worker
+    whose restart took longer than Dask's lost-worker timeout used to lose its nanny for
+    good, 1 of 2 workers for the rest of the module: ddpflow/cluster/kept_nannies.py.)"""
     address = client.scheduler.address
     (local,) = [c for c in list(SpecCluster._instances) if c.scheduler_address == address]
     deadline = time.monotonic() + timeout_s
