@@ -9,10 +9,12 @@ importing its libraries on a loaded machine does), with the timeout shortened to
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import textwrap
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import dask
@@ -34,21 +36,23 @@ SLOW_RESTART = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def slow_restarts(tmp_path: Path) -> dict:
+@contextlib.contextmanager
+def slow_restarting_cluster(tmp_path: Path, n_workers: int) -> Iterator[tuple]:
+    """ddpflow's LocalCluster and a client, each restart slow, the lost-worker timeout 1 s."""
     preload = tmp_path / "slow_restart.py"
     preload.write_text(SLOW_RESTART)
     env = {"SLOW_RESTART_MARKER": str(tmp_path / "started-once")}
-    return {"preload": [str(preload)], "env": env}
-
-
-def test_a_worker_whose_restart_outlasts_the_lost_worker_timeout_comes_back(slow_restarts):
     with (
         dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}),
-        local_cluster(1, tls=False, **slow_restarts) as cluster,
+        local_cluster(n_workers, tls=False, preload=[str(preload)], env=env) as cluster,
         distributed.Client(cluster) as client,
     ):
-        client.wait_for_workers(1, timeout=60)
+        client.wait_for_workers(n_workers, timeout=60)
+        yield cluster, client
+
+
+def test_a_worker_whose_restart_outlasts_the_lost_worker_timeout_comes_back(tmp_path):
+    with slow_restarting_cluster(tmp_path, 1) as (cluster, client):
         [(address, pid)] = client.run(os.getpid).items()
         os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
@@ -60,13 +64,8 @@ def test_a_worker_whose_restart_outlasts_the_lost_worker_timeout_comes_back(slow
         assert len(cluster.workers) == 1, "the nanny that restarted it is still the cluster's"
 
 
-def test_a_retired_workers_nanny_is_still_forgotten(slow_restarts):
-    with (
-        dask.config.set({"distributed.deploy.lost-worker-timeout": "1s"}),
-        local_cluster(2, tls=False, **slow_restarts) as cluster,
-        distributed.Client(cluster) as client,
-    ):
-        client.wait_for_workers(2, timeout=60)
+def test_a_retired_workers_nanny_is_still_forgotten(tmp_path):
+    with slow_restarting_cluster(tmp_path, 2) as (cluster, client):
         leaving = sorted(cluster_workers(client))[0]
         client.retire_workers([leaving], close_workers=True)
         deadline = time.monotonic() + 30
