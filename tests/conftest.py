@@ -41,9 +41,9 @@ SHARED_GROUPS = {
 }
 # Longest groups first (seconds measured in a full run on 2 cores): a process that picks a
 # 15-minute group last would leave the other idle for its whole length. The compose stack
-# (2-5 minutes) is not among them and runs last: its ten containers beside the fault tests
-# made a killed worker's restart outlast Dask's lost-worker timeout (see
-# ddpflow/cluster/kept_nannies.py), which two runs with it first showed.
+# (2-5 minutes) is not among them and runs last, as in every passing run: in both runs with
+# it first, its ten containers ran beside the fault and launcher tests and a LocalCluster
+# there lost a nanny (ddpflow/cluster/kept_nannies.py; load is the likely link, not proven).
 HEAVY_FIRST = [
     "charlm-reference",  # ~1000 s
     "test_deployments",  # ~400 s
