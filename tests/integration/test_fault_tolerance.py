@@ -193,8 +193,10 @@ def steps_redone(client: distributed.Client) -> int:
     return killed[3] - (resumed[2] - 1)
 
 
-# docs/fault-tolerance.md: with step checkpoints, a worker killed mid-epoch costs fewer than
-# checkpoint_every_steps steps, and the resume is exact. The reference run has no step
+# docs/fault-tolerance.md: with step checkpoints, a worker killed mid-epoch costs at most
+# checkpoint_every_steps steps, and the resume is exact. Exactly that many when the kill lands
+# after a rank noted the Nth step but before that step's checkpoint was written (the ranks
+# gather their loss sums first): seen once in CI, 5 redone with N = 5. The reference run has no step
 # checkpoints: the weights do not depend on where checkpoints fall (per-step reseed).
 def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     start, cluster, charlm_reference, charlm_reference_project, tmp_path
@@ -210,7 +212,7 @@ def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     assert epoch == 2 and 0 < step < steps_per_epoch and step % STEP_EVERY == 0, (epoch, step)
     redone = steps_redone(cluster)
     print(f"resumed at epoch {epoch} step {step}/{steps_per_epoch}; {redone} steps redone")
-    assert 0 <= redone < STEP_EVERY, f"{redone} steps redone"
+    assert 0 <= redone <= STEP_EVERY, f"{redone} steps redone"
     client, run = the_run(tmp_path)
     copies = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
     assert copies == [f"checkpoints/epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)], (

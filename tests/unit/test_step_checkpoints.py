@@ -142,7 +142,8 @@ def dedup(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
 
 
 # docs/fault-tolerance.md: a crash inside an epoch resumes from the last step checkpoint,
-# redoing fewer than checkpoint_every_steps steps, with the uninterrupted run's weights.
+# redoing only the steps since it (here 2, with checkpoint_every_steps = 5), with the
+# uninterrupted run's weights.
 def test_a_crash_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(tmp_path: Path):
     every = 5
     reference_log = Recording()
