@@ -34,11 +34,14 @@ from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 # Worker processes of a local cluster fork from one server process that has imported these
 # once, instead of each starting a fresh interpreter that imports them again: torch alone is
 # about 5 s of CPU per worker start (and per restart after a lost worker) on a 2-core
-# machine. None of them reads settings or starts a thread at import, and importing torch does
-# not initialise CUDA, so a forked worker can still use its GPU. Prefect is left out: it reads
-# its settings (PREFECT_API_URL) when imported, and a worker must read the ones its nanny
-# gives it, not the ones of the process the server forked from.
-FORKSERVER_PRELOAD = ["distributed", "numpy", "torch"]
+# machine, MLflow (every worker imports it: rank 0 logs to it, evaluation and registration
+# use it) 3 s more. None of them starts a thread at import, and importing torch does not
+# initialise CUDA, so a forked worker can still use its GPU. None reads a setting ddpflow
+# gives workers: MLflow reads only its logging switches (MLFLOW_LOGGING_LEVEL,
+# MLFLOW_CONFIGURE_LOGGING) at import, the tracking URI and the rest when used. Prefect is
+# left out: it reads its settings (PREFECT_API_URL) when imported, and a worker must read the
+# ones its nanny gives it, not the ones of the process the server forked from.
+FORKSERVER_PRELOAD = ["distributed", "numpy", "torch", "mlflow"]
 JOBQUEUE_CLASSES = {
     "slurm": "SLURMCluster",
     "pbs": "PBSCluster",

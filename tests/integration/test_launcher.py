@@ -75,12 +75,14 @@ def _parent_command_line() -> str:
 
 
 # docs/charlm.md: a LocalCluster's workers fork from a server process that imported torch
-# once, so a worker start (and a restart after a lost worker) does not import it again.
-def test_workers_fork_from_a_server_that_preloaded_torch(dask_client):
+# and MLflow once, so a worker start (and a restart after a lost worker) does not import
+# them again.
+def test_workers_fork_from_a_server_that_preloaded_torch_and_mlflow(dask_client):
     parents = dask_client.run(_parent_command_line)
     assert len(parents) == 2
     for command in parents.values():
-        assert "multiprocessing.forkserver" in command and "'torch'" in command, command
+        assert "multiprocessing.forkserver" in command, command
+        assert "'torch'" in command and "'mlflow'" in command, command
 
 
 def test_two_ranks_form_one_group_one_thread_each(dask_client):
