@@ -101,8 +101,8 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
         value = _redacted(given)
     # The ephemeral API server would try to send telemetry over a network we may not have.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    early_api.adopt()  # after argument errors, which need no server
     try:
+        early_api.wait_until_ready()  # after argument errors, which need no server
         with prefect_client_retries():
             return flow(**{name: value})
     except Exception as error:  # noqa: BLE001 - a CLI ends with one clear line, not a traceback

@@ -6,13 +6,12 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import distributed
-from prefect.settings import PREFECT_API_URL
 
 from ddpflow.config import ARTIFACT_ROOT_ENV, DASK_ADDRESS_ENV, TRACKING_URI_ENV, Settings
 from ddpflow.distributed import RankAssignment, cluster_workers, plan_ranks
 from ddpflow.distributed.planning import workers_with_resources
 from ddpflow.integrations.prefect.flow_client import current_dask_client
-from ddpflow.integrations.prefect.task_runner import prefect_api_url
+from ddpflow.integrations.prefect.task_runner import configured_api_url, prefect_api_url
 from ddpflow.preflight.checks import (
     API_PROBE_TIMEOUT_S,
     PreflightError,
@@ -78,7 +77,7 @@ def check_workers_reach_flow_api(
             callback_timeout=probe_timeout_s + PROBE_SLACK_S,
         )
 
-    embedded = api_url is None and not PREFECT_API_URL.value()
+    embedded = api_url is None and not configured_api_url()
     check_workers_reach_api(url, probe_workers, timeout_s, embedded=embedded)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -84,3 +85,54 @@ def test_no_other_listener_can_take_the_servers_port_while_it_starts(tmp_path):
     finally:
         server.terminate()
         server.wait(30)
+
+
+# A flow run the way a flow's command line runs one (start_early before Prefect is
+# imported, wait_until_ready before the call), in a process of its own.
+EMBEDDED_RUN = """
+import sys
+from ddpflow.integrations.prefect import early_api
+early_api.start_early()
+from prefect import flow, get_client
+from ddpflow.integrations.prefect.task_runner import configured_api_url, prefect_api_url
+early_api.wait_until_ready()
+
+@flow
+def answer() -> int:
+    return 42
+
+assert answer() == 42
+with get_client(sync_client=True) as client:
+    runs = client.read_flow_runs()
+print("runs", [run.state.type.value for run in runs])
+print("api", prefect_api_url() == early_api.embedded_url(), configured_api_url())
+print("server app imported", "prefect.server.api.server" in sys.modules)
+"""
+
+
+def test_a_command_lines_flow_runs_on_its_embedded_api_without_prefects_server_app(tmp_path):
+    """The embedded server is the flow's API from the start (PREFECT_API_URL, set before
+    Prefect is imported): the run is recorded there, Prefect's server application (4-9 CPU
+    s) is never imported into the flow process, the server still counts as the flow's own
+    (not a configured server), no "View at" link points at a server that stops with the
+    flow, and it stops at exit."""
+    done = subprocess.run(
+        [sys.executable, "-c", EMBEDDED_RUN],
+        cwd=tmp_path,
+        env=project_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    assert "runs ['COMPLETED']" in output, output[-3000:]
+    assert "api True None" in output, output[-3000:]
+    assert "server app imported False" in output, output[-3000:]
+    assert "View at" not in output, output[-3000:]
+    started = re.search(r"Starting temporary server on http://127\.0\.0\.1:(\d+)", output)
+    assert started, output[-3000:]
+    assert f"Stopping temporary server on http://127.0.0.1:{started[1]}" in output, output
+    with pytest.raises(OSError):  # nothing listens there any more
+        socket.create_connection(("127.0.0.1", int(started[1])), timeout=5).close()

@@ -1,17 +1,25 @@
-"""Start Prefect's embedded API while the flow's own imports are still loading.
+"""Start the flow's embedded Prefect API while the flow's own imports are still loading.
 
-`python -m flows.<name>` without PREFECT_API_URL runs on Prefect's temporary ("ephemeral")
-API server, which Prefect starts when the flow is called: after this process has imported
-torch, MLflow and Prefect (seconds), and then it waits for the server's own start (seconds
+`python -m flows.<name>` without PREFECT_API_URL runs on an API server of its own: Prefect
+would start its temporary ("ephemeral") one when the flow is called, after this process has
+imported MLflow and Prefect (seconds), and then wait for the server's own start (seconds
 more, as it imports Prefect's server in a process of its own). Started here, by
 `start_services()` at the top of the flow module's `__main__` guard, before any of those
 imports, the two overlap on separate cores.
 
-The server is the one Prefect would start (same command, same settings) and is handed to
-Prefect's own singleton (`adopt`), so everything after behaves as with Prefect's start:
-the flow and its workers use it as the embedded API, and it stops when the flow exits.
+The server is the one Prefect would start (same command, same settings: server.py). Its URL
+is put in this process's environment as PREFECT_API_URL before Prefect is imported, so
+Prefect takes it as its API from the start: it never starts a temporary server of its own,
+and never imports its server application (ORM models, schemas: 4-9 CPU s on 2 busy cores)
+into the flow process, which Prefect's own temporary server does even when it only waits
+for one. The flow's workers get the same URL. It stays the flow's own server all the same:
+`embedded_url()` tells it from a server the user set (pre-flight's message, what workers on
+other hosts are handed), no "View at" link points at it (it has no UI and stops with the
+flow), and it stops when this process exits, or dies with it.
+
 Imports of a flow module (tests, `prefect deploy`, a worker running a deployment, which
-has PREFECT_API_URL) do not run that guard, and start nothing.
+has PREFECT_API_URL) do not run that guard, and start nothing; a flow called from Python
+runs on Prefect's own temporary server, as any Prefect flow does.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ from pathlib import Path
 from ddpflow.integrations.prefect.server import server_env, start_server
 
 _PR_SET_PDEATHSIG = 1
+STOP_TIMEOUT_S = 5.0  # what Prefect's own temporary server is given to stop
 
 _started: tuple[int, subprocess.Popen[bytes]] | None = None
 _seeded: Path | None = None  # the database copied from the template, if one was
+_answered = False  # whether the server answered (wait_until_ready), for the stop line
 
 
 def wanted(args: list[str], environ: Mapping[str, str]) -> bool:
@@ -45,7 +55,7 @@ def start_services(args: list[str] | None = None, environ: Mapping[str, str] = o
     if not wanted(sys.argv[1:] if args is None else args, environ):
         return
     start_early()
-    if url := api_url():
+    if url := embedded_url():
         from ddpflow.integrations.prefect import (
             early_cluster,  # imports distributed: only on this path
         )
@@ -55,15 +65,18 @@ def start_services(args: list[str] | None = None, environ: Mapping[str, str] = o
 
 def _die_with_parent() -> None:
     """In the server process: SIGTERM it when the flow process dies, even by SIGKILL,
-    so no server outlives its flow (Prefect's own start stops it only at a clean exit)."""
+    so no server outlives its flow (the stop at exit runs only at an orderly exit)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def start_early() -> None:
-    """Spawn the server process now (no waiting); `adopt` hands it to Prefect later."""
+    """Spawn the server process now (no waiting) and make its URL this process's API.
+
+    Nothing is started once Prefect is imported: it has read its settings, so it would not
+    see the URL, and starts its own temporary server as for any flow."""
     global _started, _seeded
-    if importlib.util.find_spec("prefect") is None:
+    if importlib.util.find_spec("prefect") is None or "prefect" in sys.modules:
         return
     # A first run in this PREFECT_HOME: the migrated database from the install, not 5 s of
     # migrations. Imported here: `python -m` of that module must not find it imported.
@@ -72,47 +85,52 @@ def start_early() -> None:
     _seeded = db_template.seed()
     preexec = _die_with_parent if sys.platform == "linux" else None
     _started = start_server(server_env(), preexec)
-    atexit.register(_stop_unadopted)
+    atexit.register(_stop)
+    os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{_started[0]}/api"
+    # No "View at <UI>" links: the server serves no UI and is gone once the flow ends.
+    os.environ["PREFECT_UI_URL"] = ""
 
 
-def api_url() -> str | None:
-    """The early server's API URL (what Prefect's temporary server reports), if started."""
+def embedded_url() -> str | None:
+    """The embedded server's API URL, when this process started one (else None)."""
     return None if _started is None else f"http://127.0.0.1:{_started[0]}/api"
 
 
-def _stop_unadopted() -> None:
-    """At exit before `adopt` (e.g. a command-line error): the server is not needed."""
-    if _started is not None:
-        _started[1].terminate()
+def wait_until_ready() -> None:
+    """Wait until the embedded server answers, before the flow's first call to its API
+    (Prefect's client does not retry a first connection). A no-op when none was started."""
+    global _answered
+    if _started is None:
+        return
+    from prefect.logging import get_logger
+
+    logger = get_logger()  # "prefect", where Prefect's own temporary server logs its lines
+    logger.info(f"Starting temporary server on http://127.0.0.1:{_started[0]}")
+    if _seeded is not None:
+        from ddpflow.integrations.prefect.db_template import SEEDED_FROM
+
+        logger.info(f"Prefect's temporary server: {SEEDED_FROM} to {_seeded}")
+    _wait_healthy(f"http://127.0.0.1:{_started[0]}/api", _started[1])
+    _answered = True
 
 
-def adopt() -> None:
-    """Make the early server Prefect's temporary server: Prefect's start() then only waits
-    for its health check instead of spawning another. A no-op when none was started."""
-    global _started
+def _stop() -> None:
+    """At exit: stop the server as Prefect stops its temporary one (SIGTERM, then SIGKILL).
+    Registered before Prefect is imported, so it runs after Prefect's own exit handlers
+    (they send the last logs and events to this server)."""
     if _started is None:
         return
     port, process = _started
-    _started = None
-    from prefect.server.api.server import SubprocessASGIServer
+    if _answered:
+        from prefect.logging import get_logger
 
-    server = SubprocessASGIServer()
-    if server.running or process.poll() is not None:
-        process.terminate()  # Prefect's own start takes over
-        return
-    server.port = port
-    server.server_process = process
-    # Prefect's start() skips the spawn when `running` is set, so wait for health here.
-    from prefect.logging import get_logger
-
-    get_logger("server").info(f"Starting temporary server on {server.address}")
-    if _seeded is not None:  # Prefect's "prefect" logger: the server's is quiet at INFO
-        from ddpflow.integrations.prefect.db_template import SEEDED_FROM
-
-        get_logger().info(f"Prefect's temporary server: {SEEDED_FROM} to {_seeded}")
-    _wait_healthy(server.api_url, process)
-    server.running = True
-    atexit.register(server.stop)
+        get_logger().info(f"Stopping temporary server on http://127.0.0.1:{port}")
+    process.terminate()
+    try:
+        process.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_healthy(api_url: str, process: subprocess.Popen[bytes]) -> None:
@@ -135,7 +153,6 @@ def _wait_healthy(api_url: str, process: subprocess.Popen[bytes]) -> None:
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
-    process.terminate()
     raise RuntimeError(
         f"Prefect's temporary API server did not answer within "
         f"{PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()} s "

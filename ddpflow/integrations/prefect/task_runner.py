@@ -22,7 +22,7 @@ from prefect_dask import DaskTaskRunner
 from ddpflow.cluster.build import build_cluster, local_cluster, task_placement
 from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
 from ddpflow.distributed import cluster_workers
-from ddpflow.integrations.prefect import early_cluster
+from ddpflow.integrations.prefect import early_api, early_cluster
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 DASHBOARD_LINE = "The Dask dashboard is available at"  # prefect-dask's words
@@ -105,10 +105,11 @@ def _flow_api_for_workers() -> Iterator[None]:
     """Make the flow's API URL part of the settings that travel with each submitted task.
 
     prefect-dask serializes the current settings context with every task, and the worker
-    runs the task inside it. With the embedded API that context has no URL, so a worker
-    without PREFECT_API_URL of its own starts a temporary server: the task runs are
-    recorded there, not in the flow's API, and the server outlives a worker that is
-    stopped. Setting the URL only in the context sent with the task changes nothing on the
+    runs the task inside it. On Prefect's temporary server (a flow called from Python; a
+    flow's command line sets its embedded API as PREFECT_API_URL) that context has no
+    URL, so a worker without PREFECT_API_URL of its own starts a temporary server: the
+    task runs are recorded there, not in the flow's API, and the server outlives a worker
+    that is stopped. Setting the URL only in the context sent with the task changes nothing on the
     long-lived worker process, and a URL the flow already has travels as it is.
     """
     url = None if PREFECT_API_URL.value() else prefect_api_url()
@@ -117,7 +118,7 @@ def _flow_api_for_workers() -> Iterator[None]:
 
 
 def prefect_api_url() -> str | None:
-    """The API the flow talks to, including Prefect's ephemeral one when no server is set.
+    """The API the flow talks to, including Prefect's temporary one when none is set.
 
     Handing it to the workers matters: a worker process without PREFECT_API_URL starts its
     own temporary API server (5-6 s each) the first time it runs a task.
@@ -146,10 +147,17 @@ def _local_cluster_for_flow(
     return local_cluster(num_workers, env=env, tls=tls, **options)
 
 
+def configured_api_url() -> str | None:
+    """PREFECT_API_URL when it is a server the user set, not the flow's embedded API (which
+    a flow's command line sets as PREFECT_API_URL too: early_api)."""
+    url = PREFECT_API_URL.value()
+    return None if url == early_api.embedded_url() else url
+
+
 def _worker_env(kind: str) -> dict[str, str]:
-    # Workers on this host (cuda) can reach the ephemeral API; workers elsewhere (jobqueue,
+    # Workers on this host (cuda) can reach the embedded API; workers elsewhere (jobqueue,
     # kubernetes) only a configured server, so only that one is handed to them.
-    url = prefect_api_url() if kind == "cuda" else PREFECT_API_URL.value()
+    url = prefect_api_url() if kind == "cuda" else configured_api_url()
     return {"PREFECT_API_URL": url} if url else {}
 
 
