@@ -86,14 +86,19 @@ def start_early() -> None:
     preexec = _die_with_parent if sys.platform == "linux" else None
     _started = start_server(server_env(), preexec)
     atexit.register(_stop)
-    os.environ["PREFECT_API_URL"] = f"http://127.0.0.1:{_started[0]}/api"
+    os.environ["PREFECT_API_URL"] = f"{_address(_started[0])}/api"
     # No "View at <UI>" links: the server serves no UI and is gone once the flow ends.
     os.environ["PREFECT_UI_URL"] = ""
 
 
+def _address(port: int) -> str:
+    """The server's address (its API is under /api), as Prefect's temporary server logs it."""
+    return f"http://127.0.0.1:{port}"
+
+
 def embedded_url() -> str | None:
     """The embedded server's API URL, when this process started one (else None)."""
-    return None if _started is None else f"http://127.0.0.1:{_started[0]}/api"
+    return None if _started is None else f"{_address(_started[0])}/api"
 
 
 def wait_until_ready() -> None:
@@ -102,15 +107,16 @@ def wait_until_ready() -> None:
     global _answered
     if _started is None:
         return
+    port, process = _started
     from prefect.logging import get_logger
 
     logger = get_logger()  # "prefect", where Prefect's own temporary server logs its lines
-    logger.info(f"Starting temporary server on http://127.0.0.1:{_started[0]}")
+    logger.info(f"Starting temporary server on {_address(port)}")
     if _seeded is not None:
         from ddpflow.integrations.prefect.db_template import SEEDED_FROM
 
         logger.info(f"Prefect's temporary server: {SEEDED_FROM} to {_seeded}")
-    _wait_healthy(f"http://127.0.0.1:{_started[0]}/api", _started[1])
+    _wait_healthy(f"{_address(port)}/api", process)
     _answered = True
 
 
@@ -124,7 +130,7 @@ def _stop() -> None:
     if _answered:
         from prefect.logging import get_logger
 
-        get_logger().info(f"Stopping temporary server on http://127.0.0.1:{port}")
+        get_logger().info(f"Stopping temporary server on {_address(port)}")
     process.terminate()
     try:
         process.wait(timeout=STOP_TIMEOUT_S)

@@ -109,8 +109,8 @@ def _flow_api_for_workers() -> Iterator[None]:
     flow's command line sets its embedded API as PREFECT_API_URL) that context has no
     URL, so a worker without PREFECT_API_URL of its own starts a temporary server: the
     task runs are recorded there, not in the flow's API, and the server outlives a worker
-    that is stopped. Setting the URL only in the context sent with the task changes nothing on the
-    long-lived worker process, and a URL the flow already has travels as it is.
+    that is stopped. Setting the URL only in the context sent with the task changes nothing
+    on the long-lived worker process, and a URL the flow already has travels as it is.
     """
     url = None if PREFECT_API_URL.value() else prefect_api_url()
     with temporary_settings(updates={PREFECT_API_URL: url}) if url else nullcontext():
