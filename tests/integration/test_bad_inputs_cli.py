@@ -1,25 +1,31 @@
-"""A few rows of tests/unit/test_bad_inputs.py through `python -m flows.<name>`, as a user
-runs them: each exits 1 with one line naming the input and the fix, and nothing the
-project already stored changes. The image folder row holds a FIFO, a link to /dev/zero and
-a link out of the folder: the real listing must name all three within 2 minutes."""
+"""A few rows of tests/unit/test_bad_inputs.py through the command line's own code
+(`flows.cli.run_cli`: its option parser and its failure line), as `python -m flows.<name>`
+runs them, on the module's shared Prefect API and Dask cluster (flow_services): each exits 1
+with one line naming the input and the fix, and nothing the project already stored changes.
+The image folder row holds a FIFO, a link to /dev/zero and a link out of the folder: the
+real listing must name all three within 2 minutes.
+
+The entry point around run_cli (the early Prefect API, the LocalCluster a command line
+starts) is run as a real process in test_embedded_api_start.py and
+test_train_charlm_flow.py; a failure costs 20 s there against 2 s here."""
 
 from __future__ import annotations
 
 import os
-from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from ddpflow.training.batching import MAX_SEED
+from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, run_cli
+from flows.sweep_charlm import sweep_charlm
+from flows.train_charlm import train_charlm
+from flows.train_images import train_images
 from infra.services import free_port
-from tests.integration.conftest import run_flow
 from tests.pngs import png
 
 pytestmark = pytest.mark.integration
-# One worker is enough to reach the checks; a loaded machine needs longer than Prefect's
-# default 20 s to start its temporary API server.
-ENV = {"DDPFLOW_DASK_WORKERS": "1", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 
 
 def _stored(project: Path) -> dict[str, tuple[int, int]]:
@@ -39,69 +45,100 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _fails_naming(
-    module: str,
-    args: list[str],
-    project: Path,
-    *expected: str,
-    env: dict[str, str] | None = None,
-) -> str:
-    """Run the flow, check its failure line and the store; return its stderr."""
-    before = _stored(project)
-    # Generous: Prefect's API server and the Dask cluster alone take a minute when other
-    # work shares the 2 cores; the flow's own time is checked where it matters.
-    result = run_flow(module, args, project, timeout_s=300, env={**ENV, **(env or {})})
-    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
-    # The CLI's one line; Prefect's shutdown logs may follow it.
-    lines = [line for line in result.stderr.splitlines() if line.startswith("ddpflow: ")]
-    assert lines and "failed" in lines[-1], result.stderr[-3000:]
-    last = lines[-1]
-    for text in expected:
-        assert text in last, last
-    assert _stored(project) == before, "nothing stored changed"
-    return result.stderr
+@pytest.fixture
+def fails_naming(flow_services: str, monkeypatch, capsys):
+    """Run the flow's command line in the project, check its failure line and the store;
+    return the flow run as the API recorded it, and the names of its task runs."""
+
+    def run(
+        flow: Any,
+        args: list[str],
+        project: Path,
+        *expected: str,
+        address: str = flow_services,
+    ) -> Any:
+        before = _stored(project)
+        monkeypatch.chdir(project)
+        settings = {
+            "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
+            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+            "DDPFLOW_DASK_ADDRESS": address,
+            # run_cli sets it in os.environ when unset; set here, monkeypatch restores it.
+            CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES),
+        }
+        for name, value in settings.items():
+            monkeypatch.setenv(name, value)
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            run_cli(flow, args)
+        stderr = capsys.readouterr().err
+        assert exited.value.code == 1, stderr[-3000:]
+        lines = [line for line in stderr.splitlines() if line.startswith("ddpflow: ")]
+        assert lines and "failed" in lines[-1], stderr[-3000:]
+        last = lines[-1]
+        for text in expected:
+            assert text in last, last
+        assert _stored(project) == before, "nothing stored changed"
+        return _latest_flow_run(flow.name)
+
+    return run
 
 
-def _flow_seconds(stderr: str) -> float:
-    """From Prefect's 'Beginning flow run' log line to its 'Finished in state' line."""
-    stamps = {}
-    for line in stderr.splitlines():
-        for mark in ("Beginning flow run", "Finished in state"):
-            if mark in line and "Flow run" in line:
-                stamps[mark] = datetime.strptime(line.split(" ", 1)[0], "%H:%M:%S.%f")
-    return (stamps["Finished in state"] - stamps["Beginning flow run"]).total_seconds()
+def _latest_flow_run(flow_name: str) -> tuple[Any, list[str]]:
+    """The flow's last run in the API and the names of its task runs."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterId,
+    )
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=1,
+        )
+        assert runs, f"no run of {flow_name} recorded"
+        run = runs[0]
+        tasks = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
+        )
+    return run, [task.name for task in tasks]
 
 
-def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path) -> None:
-    _fails_naming(
-        "train_charlm", ["--rank-timeout-s", "inf"], project, "rank_timeout_s='inf'", "e.g. 120"
+def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path, fails_naming) -> None:
+    fails_naming(
+        train_charlm, ["--rank-timeout-s", "inf"], project, "rank_timeout_s='inf'", "e.g. 120"
     )
 
 
-def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path) -> None:
+def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path, fails_naming) -> None:
     seed = str(MAX_SEED + 1)
-    _fails_naming(
-        "sweep_charlm", ["--seed", seed], project, f"seed='{seed}'", f"from 0 to {MAX_SEED}"
-    )
+    fails_naming(sweep_charlm, ["--seed", seed], project, f"seed='{seed}'", f"from 0 to {MAX_SEED}")
 
 
 # docs/s3-and-servers.md "Pre-flight": stops an unreachable cluster before any work. (The
 # store and tracking rows of pre-flight are in tests/unit/test_bad_inputs.py, test_s3.py.)
-def test_unreachable_dask_address_stops_the_flow_before_any_task(project: Path) -> None:
+def test_unreachable_dask_address_stops_the_flow_before_any_task(
+    project: Path, fails_naming
+) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"  # nothing listens there
-    stderr = _fails_naming(
-        "train_charlm",
+    run, task_names = fails_naming(
+        train_charlm,
         ["--epochs", "1"],
         project,
         f"Dask scheduler {address} is not reachable",
         "Start it or fix DDPFLOW_DASK_ADDRESS",
-        env={"DDPFLOW_DASK_ADDRESS": address},
+        address=address,
     )
     # Pre-flight is the flow's first step: no task (download, format, train) ever ran.
-    assert "Task run" not in stderr, stderr[-3000:]
+    assert run.state.is_failed() and task_names == [], (run.state, task_names)
 
 
-def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path) -> None:
+def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path, fails_naming) -> None:
     root = project / "inputs" / "images"
     for label in ("cat", "dog"):
         (root / label).mkdir(parents=True)
@@ -113,7 +150,7 @@ def test_train_images_names_fifo_dev_zero_and_escaping_link(project: Path) -> No
     os.symlink(project / "inputs" / "private.png", root / "dog" / "escape.png")
     args = ["--source", str(root), "--max-bad-fraction", "0", "--image-size", "8"]
     keys = ("cat/fifo.png", "cat/zero.png", "dog/escape.png")
-    stderr = _fails_naming(
-        "train_images", args, project, *(str(root / k) for k in keys), "raise max_bad_fraction"
+    run, _ = fails_naming(
+        train_images, args, project, *(str(root / k) for k in keys), "raise max_bad_fraction"
     )
-    assert _flow_seconds(stderr) < 120, "cluster start, listing and the refusal"
+    assert run.total_run_time.total_seconds() < 120, "listing and the refusal"
