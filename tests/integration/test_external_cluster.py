@@ -25,11 +25,19 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from infra.procs import Service, pid_alive
 from infra.services import free_port, start_dask, start_prefect_server, stop
 from tasks.registration import IN_PROCESS_FAILURE_TAG
-from tests.integration.charlm_runs import TINY as TINY_3_EPOCHS
-from tests.integration.conftest import REPO, project_env, project_tracking, run_flow
+from tests.integration.charlm_runs import TINY_PARAMS
+from tests.integration.conftest import (
+    REPO,
+    project_env,
+    project_tracking,
+    run_flow,
+    start_in_process,
+)
 
 pytestmark = pytest.mark.integration
 MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
@@ -267,17 +275,6 @@ def test_worker_probe_names_each_worker_and_is_bounded(tmp_path: Path) -> None:
     assert "prefect server start --host 0.0.0.0" in message
 
 
-def start_training(address: str, project: Path, mark: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY_3_EPOCHS],
-        cwd=project,
-        env={**project_env(project), "DDPFLOW_DASK_ADDRESS": address, MARK_ENV: mark, **SLOW_START},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
 def checkpoints_of_epoch_1(project: Path) -> int:
     return len(list(project.glob("artifacts/runs/*/checkpoints/epoch-0001.pt")))
 
@@ -324,37 +321,43 @@ def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path
 
 
 @pytest.mark.timeout(900)
-def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(tmp_path: Path) -> None:
+def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Three trainings on one plain `dask worker --nworkers 2` (spawned worker processes,
     Dask's profiler on), the second with a worker SIGKILLed after its first epoch: each
     registers its model version, in the worker's process (the profiler that made torch.export
-    fail there is paused for the export), with no fresh-process fallback needed."""
+    fail there is paused for the export), with no fresh-process fallback needed. The flows
+    run in this process (on a test Prefect API); the workers are handed its URL with each
+    task, as they are the embedded API's."""
+    from prefect.testing.utilities import prefect_test_harness
+
     mark = uuid.uuid4().hex
     project = tmp_path / "project"
     project.mkdir()
-    outputs = []
+    states = []
     with (
+        prefect_test_harness(server_startup_timeout=180),
         external_dask(tmp_path, mark, **PROFILER_ON) as (scheduler, _),
         distributed.Client(scheduler.url, timeout=30) as client,
     ):
         client.wait_for_workers(2, timeout=120)
         for kill in (False, True, False):
             before = checkpoints_of_epoch_1(project)
-            proc = start_training(scheduler.url, project, mark)
-            try:
-                if kill:
-                    deadline = time.monotonic() + 300
-                    while checkpoints_of_epoch_1(project) == before:
-                        assert proc.poll() is None, proc.communicate()[1][-3000:]
-                        assert time.monotonic() < deadline, "no checkpoint of epoch 1"
-                        time.sleep(0.1)
-                    os.kill(max(client.run(os.getpid).values()), signal.SIGKILL)
-                out, err = proc.communicate(timeout=400)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-            outputs.append(out + err)
-            assert proc.returncode == 0, (out + err)[-5000:]
+            training = CharLMParams(**TINY_PARAMS)
+            flow_run = start_in_process(
+                train_charlm, project, scheduler.url, monkeypatch, training=training
+            )
+            if kill:
+                deadline = time.monotonic() + 300
+                while checkpoints_of_epoch_1(project) == before:
+                    assert not flow_run.done(), flow_run.result()
+                    assert time.monotonic() < deadline, "no checkpoint of epoch 1"
+                    time.sleep(0.1)
+                os.kill(max(client.run(os.getpid).values()), signal.SIGKILL)
+            state = flow_run.result(timeout=400)
+            states.append(state)
+            assert state.is_completed(), state
             client.wait_for_workers(2, timeout=120)  # the nanny replaced the killed one
     tracking = project_tracking(project)
     versions = tracking.search_model_versions("name = 'ddpflow-charlm'")
@@ -363,7 +366,7 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(tmp_path
     assert len(trainings) == 3, "one version per training"
     assert all(run.info.status == "FINISHED" for run in trainings)
     restarts = sorted(run.data.tags.get("ddpflow.restarts", "0") for run in trainings)
-    assert restarts == ["0", "0", "1"], outputs[1][-3000:]
+    assert restarts == ["0", "0", "1"], states
     assert not any("ddpflow.registration_failed" in run.data.tags for run in trainings)
     failed_in_worker = [run.data.tags.get(IN_PROCESS_FAILURE_TAG) for run in trainings]
     assert failed_in_worker == [None, None, None], failed_in_worker
