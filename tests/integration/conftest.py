@@ -85,17 +85,31 @@ def completed_task_runs(flow_run_id: Any) -> list[str]:
 
 
 def flow_run_records(flow_run_id: Any) -> dict:
-    """The flow run and its artifacts as the API (flow_services') holds them, in the shape
-    prefect_records gives a project's database."""
+    """The flow run, its task runs (states and their messages), logs and artifacts as the
+    API (flow_services') holds them, in the shape prefect_records gives a project's
+    database."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        FlowRunFilter,
+        FlowRunFilterId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
 
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        )
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
         return {
             "flow_runs": [client.read_flow_run(flow_run_id).model_dump(mode="json")],
+            "task_runs": [r.model_dump(mode="json") for r in task_runs],
+            "logs": [r.model_dump(mode="json") for r in logs],
             "artifacts": [a.model_dump(mode="json") for a in artifacts],
         }
 
@@ -266,16 +280,16 @@ def project_env(project: Path, first_project: bool = False) -> dict[str, str]:
     return env
 
 
+def tiny_charlm_params(epochs: int, **overrides: object) -> dict[str, object]:
+    """A pet-name training small enough for a test, as the flow's parameter model takes it:
+    one LSTM layer of 16, batches of 4096; `overrides` (e.g. keep_last=2) add or replace
+    fields."""
+    return {"epochs": epochs, "hidden_size": 16, "num_layers": 1, "batch_size": 4096, **overrides}
+
+
 def tiny_charlm(epochs: int, **overrides: object) -> list[str]:
-    """Command-line options of a pet-name training small enough for a test: one LSTM layer of
-    16, batches of 4096; `overrides` (e.g. keep_last=2) add or replace options."""
-    options: dict[str, object] = {
-        "epochs": epochs,
-        "hidden_size": 16,
-        "num_layers": 1,
-        "batch_size": 4096,
-        **overrides,
-    }
+    """tiny_charlm_params as command-line options."""
+    options = tiny_charlm_params(epochs, **overrides)
     return [item for k, v in options.items() for item in (f"--{k.replace('_', '-')}", str(v))]
 
 

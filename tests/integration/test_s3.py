@@ -1,4 +1,8 @@
-"""S3 for real: a moto server over HTTP and an MLflow server whose artifacts go to S3."""
+"""S3 for real: a moto server over HTTP and an MLflow server whose artifacts go to S3.
+
+The flow runs in the test's process on the module's flow_services (a Prefect API and two
+Dask worker processes that have the S3 endpoint and keys in their environment, as a user's
+workers would); what it recorded is read back from that API."""
 
 from __future__ import annotations
 
@@ -13,8 +17,16 @@ from mlflow.tracking import MlflowClient
 
 from ddpflow.config import STORE_OUTAGE_ENV
 from ddpflow.preflight.checks import PreflightError, check_artifact_store, check_tracking
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from infra.services import free_port
-from tests.integration.conftest import prefect_cli, prefect_records, run_flow, tiny_charlm
+from tests.integration.conftest import (
+    completed_task_runs,
+    flow_run_logs,
+    flow_run_records,
+    run_in_process,
+    tiny_charlm_params,
+)
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
@@ -29,36 +41,46 @@ from tests.integration.s3_servers import (
 
 pytestmark = pytest.mark.integration
 BUCKET = "ddpflow-it"  # the conftest's `moto` fixture creates it
-TINY = tiny_charlm(2, keep_last=2)
+TINY_PARAMS = tiny_charlm_params(2, keep_last=2)
 
 
 @pytest.fixture(scope="module")
-def s3_run(moto, tmp_path_factory) -> dict:
+def flow_services_env(moto) -> dict[str, str]:
+    return s3_env(moto)
+
+
+@pytest.fixture(scope="module")
+def s3_run(moto, flow_services, tmp_path_factory) -> dict:
     """One flow run: artifact root on S3, MLflow server with an S3 artifact destination."""
     logs = tmp_path_factory.mktemp("mlflow-server")
-    with mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server:
+    with (
+        mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server,
+        pytest.MonkeyPatch.context() as patch,
+    ):
         project = tmp_path_factory.mktemp("s3-project")
         env = {
-            **s3_env(moto),
             "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
             "MLFLOW_TRACKING_URI": server.url,
         }
-        result = run_flow("train_charlm", TINY, project, env=env)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        training = CharLMParams(**TINY_PARAMS)
+        state = run_in_process(
+            train_charlm, project, flow_services, patch, env, training=training, return_state=True
+        )
+        assert state.is_completed(), state
+        flow_run_id = state.state_details.flow_run_id
+        output = flow_run_logs(flow_run_id, "registered model")
         client = MlflowClient(server.url)
         run = client.search_runs([client.get_experiment_by_name("ddpflow-charlm").experiment_id])[0]
+        assert run.data.tags["prefect.flow_run_id"] == str(flow_run_id)
         history = client.get_metric_history(run.info.run_id, "val_loss")
-        flow_run = prefect_cli(
-            project, "flow-run", "inspect", run.data.tags["prefect.flow_run_id"], env=env
-        )
+        # Every flow run, task run (states and their messages), log and artifact.
+        records = flow_run_records(flow_run_id)
         yield {
-            "output": result.stdout + result.stderr,
+            "output": output,
             "run": run,
             "val_loss": history,
-            "flow_run": flow_run.stdout + flow_run.stderr,
-            "flow_run_rc": flow_run.returncode,
-            # Every flow run, task run (states and their messages), log and artifact.
-            "prefect_records": json.dumps(prefect_records(project)),
+            "flow_run": json.dumps(records["flow_runs"][0]),
+            "prefect_records": json.dumps(records),
             "keys": list_keys(moto, BUCKET),
         }
 
@@ -94,9 +116,8 @@ def test_mlflow_server_keeps_model_and_checkpoints_in_s3(s3_run):
 # docs/security.md "Where credentials never appear": no key reaches a log, a Prefect record,
 # MLflow or an object.
 def test_credentials_appear_nowhere(s3_run, moto):
-    # A failed inspect prints an error, which contains no secret either: check it worked.
-    assert s3_run["flow_run_rc"] == 0, s3_run["flow_run"][-3000:]
-    assert "parameters" in s3_run["flow_run"].lower(), s3_run["flow_run"][-3000:]
+    # The records were read: the flow run with its parameters, and its artifacts.
+    assert '"hidden_size": 16' in s3_run["flow_run"], s3_run["flow_run"][-3000:]
     assert "charlm-evaluation" in s3_run["prefect_records"], "the artifacts were read"
     run = s3_run["run"]
     recorded = " ".join([*run.data.params.values(), *run.data.tags.values()])
@@ -169,19 +190,21 @@ def test_unreachable_mlflow_fails_in_seconds_naming_the_setting():
     _assert_fast_failure(lambda: check_tracking(uri, timeout_s=5), "MLFLOW_TRACKING_URI")
 
 
-def test_flow_stops_on_unreachable_mlflow_before_writing(moto, tmp_path):
+def test_flow_stops_on_unreachable_mlflow_before_writing(
+    moto, flow_services, tmp_path, monkeypatch
+):
     uri = f"http://127.0.0.1:{free_port()}"
-    env = {
-        **s3_env(moto),
-        "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/unreachable",
-        "MLFLOW_TRACKING_URI": uri,
-    }
+    env = {"DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/unreachable", "MLFLOW_TRACKING_URI": uri}
     started = time.monotonic()
-    result = run_flow("train_charlm", TINY, tmp_path, env=env)
-    assert result.returncode == 1
-    assert f"MLflow tracking server {uri} is not usable" in result.stderr
+    state = run_in_process(
+        train_charlm, tmp_path, flow_services, monkeypatch, env,
+        training=CharLMParams(**TINY_PARAMS), return_state=True,
+    )  # fmt: skip
+    assert state.is_failed(), state
+    assert f"MLflow tracking server {uri} is not usable" in state.message, state.message
     assert time.monotonic() - started < 60
     assert list_keys(moto, BUCKET, "unreachable/") == []
+    assert completed_task_runs(state.state_details.flow_run_id) == [], "before any task"
 
 
 def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypatch):
