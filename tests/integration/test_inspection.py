@@ -1,8 +1,9 @@
 """What a user reads after a training, read back through MLflow's and Prefect's APIs and,
 with the `browser` marker, in MLflow's UI in headless Chromium.
 
-One short retraining (1 epoch, tiny model, 2 ranks on a LocalCluster) against a real MLflow
-server and a real Prefect server is shared by every test here. A retraining rather than a
+One short retraining (1 epoch, tiny model, 2 ranks on the LocalCluster the flow starts), run
+in the test's process against a real MLflow server and a real Prefect server, is shared by
+every test here. A retraining rather than a
 plain training: it also sets the `champion` alias, which the model-version page shows.
 """
 
@@ -22,17 +23,19 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+from flows.params import RetrainParams
+from flows.retrain_charlm import retrain_charlm
 from infra.services import free_port, start_mlflow, start_prefect_server, stop
-from tests.integration.conftest import REPO, run_flow
+from tests.integration.conftest import REPO, run_in_process
 
 pytestmark = pytest.mark.integration
 
 MODEL = "ddpflow-charlm"
 EXPERIMENT = "ddpflow-charlm"
-ONE_EPOCH = [
-    "--epochs", "1", "--hidden-size", "32", "--num-layers", "1", "--batch-size", "1024",
-    "--lr", "0.01", "--num-names", "3", "--keep-last", "1",
-]  # fmt: skip
+ONE_EPOCH = {
+    "epochs": 1, "hidden_size": 32, "num_layers": 1, "batch_size": 1024, "lr": 0.01,
+    "num_names": 3, "keep_last": 1,
+}  # fmt: skip
 # The docs' screenshots are these tests' screenshots. A run writes them to a temporary folder
 # unless DDPFLOW_SCREENSHOTS names one: `DDPFLOW_SCREENSHOTS=docs/img make test
 # ARGS="-m browser"` refreshes the docs' copies.
@@ -47,7 +50,13 @@ def screenshots(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Iterator[dict[str, Any]]:
-    """The retraining, run the way a user runs it, with both servers up."""
+    """The retraining, run in this process on the LocalCluster the flow starts (as a user's
+    run without DDPFLOW_DASK_ADDRESS does), with both servers up and set as a user sets
+    them."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
     project = tmp_path_factory.mktemp("inspection")
     logs = project / "logs"
     logs.mkdir()
@@ -63,8 +72,20 @@ def trained(tmp_path_factory) -> Iterator[dict[str, Any]]:
             # A sample a second, so a training of a few seconds has several per rank.
             "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
         }
-        result = run_flow("retrain_charlm", ONE_EPOCH, project, timeout_s=400, env=env)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+        with (
+            pytest.MonkeyPatch.context() as patch,
+            temporary_settings({PREFECT_API_URL: prefect_service.url}),
+        ):
+            state = run_in_process(
+                retrain_charlm, project, None, patch, env,
+                training=RetrainParams(**ONE_EPOCH), return_state=True,
+            )  # fmt: skip
+            # Send the flow's last logs and events while the server is up (as
+            # prefect_test_harness does before it stops its own): at exit they would be
+            # retried against a stopped server for a minute.
+            APILogWorker.instance().drain()
+            EventsWorker.drain_all()
+        assert state.is_completed(), state
         client = MlflowClient(mlflow_service.url)
         experiment = client.get_experiment_by_name(EXPERIMENT)
         (run,) = client.search_runs([experiment.experiment_id])
