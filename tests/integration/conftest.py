@@ -102,10 +102,16 @@ def flow_run_records(flow_run_id: Any) -> dict:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-        task_runs = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        )
-        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+        runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+        where = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+        task_runs: list[Any] = []  # every page: the API gives 200 at most per call
+        while batch := client.read_task_runs(
+            flow_run_filter=runs, limit=200, offset=len(task_runs)
+        ):
+            task_runs += batch
+        logs: list[Any] = []
+        while batch := client.read_logs(where, limit=200, offset=len(logs)):
+            logs += batch
         return {
             "flow_runs": [client.read_flow_run(flow_run_id).model_dump(mode="json")],
             "task_runs": [r.model_dump(mode="json") for r in task_runs],

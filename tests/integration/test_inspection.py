@@ -3,8 +3,8 @@ with the `browser` marker, in MLflow's UI in headless Chromium.
 
 One short retraining (1 epoch, tiny model, 2 ranks on the LocalCluster the flow starts), run
 in the test's process against a real MLflow server and a real Prefect server, is shared by
-every test here. A retraining rather than a
-plain training: it also sets the `champion` alias, which the model-version page shows.
+every test here. A retraining rather than a plain training: it also sets the `champion`
+alias, which the model-version page shows.
 """
 
 from __future__ import annotations
