@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +70,31 @@ def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-def completed_task_runs(flow_run_id: Any) -> list[str]:
-    """Names of the flow run's task runs that completed, one entry per run (Prefect names a
-    task run with 3 hex digits, so two may share a name)."""
+def every_page(read: Callable[[int], list[Any]]) -> list[Any]:
+    """Every record of a paged read from Prefect's API (it gives 200 at most per call):
+    `read(offset)` until a page comes back empty."""
+    found: list[Any] = []
+    while batch := read(len(found)):
+        found += batch
+    return found
+
+
+def flow_run_task_runs(flow_run_id: Any) -> list[Any]:
+    """Every task run of the flow run, as the API holds it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
     runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
-        found: list[Any] = []
-        while batch := client.read_task_runs(flow_run_filter=runs, limit=200, offset=len(found)):
-            found += batch
+        return every_page(
+            lambda offset: client.read_task_runs(flow_run_filter=runs, limit=200, offset=offset)
+        )
+
+
+def completed_task_runs(flow_run_id: Any) -> list[str]:
+    """Names of the flow run's task runs that completed, one entry per run (Prefect names a
+    task run with 3 hex digits, so two may share a name)."""
+    found = flow_run_task_runs(flow_run_id)
     return [run.name for run in found if run.state and run.state.is_completed()]
 
 
@@ -92,26 +106,17 @@ def flow_run_records(flow_run_id: Any) -> dict:
     from prefect.client.schemas.filters import (
         ArtifactFilter,
         ArtifactFilterFlowRunId,
-        FlowRunFilter,
-        FlowRunFilterId,
         LogFilter,
         LogFilterFlowRunId,
     )
 
+    task_runs = flow_run_task_runs(flow_run_id)
+    where = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(
             artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
         )
-        runs = FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
-        where = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
-        task_runs: list[Any] = []  # every page: the API gives 200 at most per call
-        while batch := client.read_task_runs(
-            flow_run_filter=runs, limit=200, offset=len(task_runs)
-        ):
-            task_runs += batch
-        logs: list[Any] = []
-        while batch := client.read_logs(where, limit=200, offset=len(logs)):
-            logs += batch
+        logs = every_page(lambda offset: client.read_logs(where, limit=200, offset=offset))
         return {
             "flow_runs": [client.read_flow_run(flow_run_id).model_dump(mode="json")],
             "task_runs": [r.model_dump(mode="json") for r in task_runs],
@@ -131,10 +136,8 @@ def flow_run_logs(flow_run_id: Any, *expect: str, timeout_s: float = 30) -> str:
     deadline = time.monotonic() + timeout_s
     with get_client(sync_client=True) as client:
         while True:
-            lines: list[str] = []
-            while batch := client.read_logs(where, limit=200, offset=len(lines)):
-                lines += [f"{log.name} - {log.message}" for log in batch]
-            text = "\n".join(lines)
+            logs = every_page(lambda offset: client.read_logs(where, limit=200, offset=offset))
+            text = "\n".join(f"{log.name} - {log.message}" for log in logs)
             if all(e in text for e in expect) or time.monotonic() > deadline:
                 return text
             time.sleep(1)

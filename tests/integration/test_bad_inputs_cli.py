@@ -23,6 +23,7 @@ from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
 from infra.services import free_port
+from tests.integration.conftest import flow_run_task_runs, run_in_process
 from tests.pngs import png
 
 pytestmark = pytest.mark.integration
@@ -58,19 +59,11 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
         address: str = flow_services,
     ) -> Any:
         before = _stored(project)
-        monkeypatch.chdir(project)
-        settings = {
-            "DDPFLOW_ARTIFACT_ROOT": str(project / "artifacts"),
-            "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
-            "DDPFLOW_DASK_ADDRESS": address,
-            # run_cli sets it in os.environ when unset; set here, monkeypatch restores it.
-            CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES),
-        }
-        for name, value in settings.items():
-            monkeypatch.setenv(name, value)
+        # run_cli sets it in os.environ when unset; set here, monkeypatch restores it.
+        env = {CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES)}
         capsys.readouterr()
         with pytest.raises(SystemExit) as exited:
-            run_cli(flow, args)
+            run_in_process(lambda: run_cli(flow, args), project, address, monkeypatch, env)
         stderr = capsys.readouterr().err
         assert exited.value.code == 1, stderr[-3000:]
         lines = [line for line in stderr.splitlines() if line.startswith("ddpflow: ")]
@@ -79,20 +72,16 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
         for text in expected:
             assert text in last, last
         assert _stored(project) == before, "nothing stored changed"
-        return _latest_flow_run(flow.name)
+        flow_run = _latest_flow_run(flow.name)
+        return flow_run, [task.name for task in flow_run_task_runs(flow_run.id)]
 
     return run
 
 
-def _latest_flow_run(flow_name: str) -> tuple[Any, list[str]]:
-    """The flow's last run in the API and the names of its task runs."""
+def _latest_flow_run(flow_name: str) -> Any:
+    """The flow's last run in the API."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowFilter,
-        FlowFilterName,
-        FlowRunFilter,
-        FlowRunFilterId,
-    )
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
@@ -101,12 +90,8 @@ def _latest_flow_run(flow_name: str) -> tuple[Any, list[str]]:
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=1,
         )
-        assert runs, f"no run of {flow_name} recorded"
-        run = runs[0]
-        tasks = client.read_task_runs(
-            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id]))
-        )
-    return run, [task.name for task in tasks]
+    assert runs, f"no run of {flow_name} recorded"
+    return runs[0]
 
 
 def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path, fails_naming) -> None:
