@@ -27,6 +27,7 @@ from ddpflow.cluster.build import local_cluster
 from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.tracking.store import template as mlflow_store_template
 from tests.integration.charlm_runs import TINY, final_weights
+from tests.integration.prefect_harness import prefect_api
 from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
@@ -57,12 +58,10 @@ def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
     The workers run with flow_services_env, as workers started in that environment would:
     its DASK_* variables are Dask configuration too, which a nanny hands its worker (e.g. a
     worker preload)."""
-    from prefect.testing.utilities import prefect_test_harness
-
     with (
         pytest.MonkeyPatch.context() as patch,
         dask.config.set(_dotted(dask.config.collect_env(flow_services_env))),
-        prefect_test_harness(server_startup_timeout=180),
+        prefect_api(migrated_prefect_db()),
         local_cluster(2, env=flow_services_env, tls=False) as cluster,
     ):
         for name, value in flow_services_env.items():

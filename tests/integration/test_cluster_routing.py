@@ -23,6 +23,8 @@ import torch.distributed as dist
 
 from ddpflow.cluster.build import task_placement
 from ddpflow.distributed import PlanError, RankContext, launch
+from tests.integration.conftest import migrated_prefect_db
+from tests.integration.prefect_harness import prefect_api
 from tests.integration.resource_cluster import resource_cluster
 
 pytestmark = pytest.mark.integration
@@ -133,7 +135,6 @@ def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
     with .submit and .map, as download/format/evaluate are submitted."""
     from prefect import flow, task
     from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
 
     from ddpflow.integrations.prefect.task_runner import PlacingDaskTaskRunner
 
@@ -142,7 +143,7 @@ def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
         return _task_where(seconds)
 
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_api(migrated_prefect_db()):
         env = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # workers report to the same API
         workers = {name: {**spec, "env": env} for name, spec in WORKERS.items()}
         with resource_cluster(workers) as (cluster, _, addresses):

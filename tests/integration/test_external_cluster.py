@@ -33,11 +33,13 @@ from tasks.registration import IN_PROCESS_FAILURE_TAG
 from tests.integration.charlm_runs import TINY_PARAMS
 from tests.integration.conftest import (
     REPO,
+    migrated_prefect_db,
     project_env,
     project_tracking,
     run_flow,
     start_in_process,
 )
+from tests.integration.prefect_harness import prefect_api
 
 pytestmark = pytest.mark.integration
 MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
@@ -330,14 +332,12 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
     fail there is paused for the export), with no fresh-process fallback needed. The flows
     run in this process (on a test Prefect API); the workers are handed its URL with each
     task, as they are the embedded API's."""
-    from prefect.testing.utilities import prefect_test_harness
-
     mark = uuid.uuid4().hex
     project = tmp_path / "project"
     project.mkdir()
     states = []
     with (
-        prefect_test_harness(server_startup_timeout=180),
+        prefect_api(migrated_prefect_db()),
         external_dask(tmp_path, mark, **PROFILER_ON) as (scheduler, _),
         distributed.Client(scheduler.url, timeout=30) as client,
     ):

@@ -1,7 +1,7 @@
 """A training whose registration fails keeps its run and checkpoint, and says how to
 register it later; `python -m flows.register_checkpoint`'s flow then registers it. The export
 runs for real in a fresh process (ddpflow.workloads.registration); the planted failure
-replaces only that call, on a real Prefect API (prefect_test_harness) and a SQLite MLflow."""
+replaces only that call, on a real Prefect API (prefect_harness) and a SQLite MLflow."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 from prefect import flow
-from prefect.testing.utilities import prefect_test_harness
 
 import tasks.registration
 from ddpflow.checkpoint.store import LATEST_CHECKPOINT_TAG
@@ -27,6 +26,8 @@ from tasks.registration import (
     RegistrationFailed,
     register_trained,
 )
+from tests.integration.conftest import migrated_prefect_db
+from tests.integration.prefect_harness import prefect_api
 from tests.unit.champion_helpers import constant_model, save_checkpoint
 
 pytestmark = pytest.mark.integration
@@ -35,8 +36,8 @@ PLANTED = "RuntimeError: We found a fake tensor in the exported program constant
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_api() -> Iterator[None]:
-    with prefect_test_harness(server_startup_timeout=180):
+def prefect_server() -> Iterator[None]:
+    with prefect_api(migrated_prefect_db()):
         yield
 
 

@@ -20,16 +20,12 @@ Stdlib only (ddpflow.sqlite_template is too): this runs before the flow's own im
 
 from __future__ import annotations
 
-import contextlib
 import os
-import subprocess
 import tempfile
-import time
-import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.integrations.prefect.server import server_env, start_server
+from ddpflow.integrations.prefect.server import server_env, start_server, wait_healthy
 from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
@@ -77,24 +73,12 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
             env.pop(name, None)
         port, server = start_server(env)
         try:
-            _wait_healthy(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
+            wait_healthy(f"http://127.0.0.1:{port}/api/health", server, timeout_s)
         finally:
             server.terminate()
             server.wait(30)
         vacuum_into(Path(home) / "prefect.db", target)
     return target
-
-
-def _wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            raise RuntimeError(f"Prefect's server exited with code {server.returncode}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
-            if answer.status == 200:
-                return
-        time.sleep(0.1)
-    raise RuntimeError(f"Prefect's server did not answer {url} within {timeout_s:g} s")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ Standard library only: a flow's command line runs it before its imports (early_a
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -62,3 +65,17 @@ def server_env() -> dict[str, str]:
             "PREFECT_SERVER_ANALYTICS_ENABLED", "false"
         ),
     }
+
+
+def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Wait until the server answers its health `url`; RuntimeError if it exits first or
+    does not answer within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"Prefect's server exited with code {server.returncode}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
+            if answer.status == 200:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"Prefect's server did not answer {url} within {timeout_s:g} s")
