@@ -23,6 +23,14 @@ from infra.private import private_dir, write_private
 
 PREFECT_USER = "ddpflow"
 MLFLOW_ADMIN = "ddpflow"
+# MLflow's basic-auth app checks the password against its scrypt hash on every request:
+# 0.13 CPU-seconds each on this 2-core machine (werkzeug's scrypt:32768:8:1), so a training
+# that logs metrics and checkpoints kept the stack's server on a core. Its opt-in cache
+# keeps a successful check for this long, keyed by an HMAC of the password under a key
+# made at each server start (python -m bench.mlflow_auth measures both). The one server
+# worker drops a user's entries at once when the user API changes or deletes them; a change
+# made in the auth DB behind the server's back counts after this many seconds at most.
+MLFLOW_AUTH_CACHE_TTL_S = 60
 
 
 def _token() -> str:
@@ -67,6 +75,7 @@ class StackSecrets:
             f"admin_username = {MLFLOW_ADMIN}",
             f"admin_password = {self.mlflow_password}",
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth",
+            f"auth_cache_ttl_seconds = {MLFLOW_AUTH_CACHE_TTL_S}",
             "",
         ])  # fmt: skip
 

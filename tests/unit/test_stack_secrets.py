@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from infra import certs
-from infra.auth import StackSecrets
+from infra.auth import MLFLOW_AUTH_CACHE_TTL_S, StackSecrets
 from infra.private import write_private
 
 
@@ -74,3 +74,18 @@ def test_stack_secrets_are_fresh_private_and_reach_the_clients(tmp_path: Path) -
     assert Path(env["DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY"]) == second.tls.key
     ini = second.mlflow_auth_config.read_text()
     assert second.mlflow_password in ini and str(tmp_path / "secrets") in ini
+
+
+def test_mlflow_reads_a_cached_password_check_from_both_auth_configs(tmp_path, monkeypatch):
+    """The stack's and compose's MLflow auth configs turn on MLflow's credential cache, as
+    MLflow itself reads them: without it every request pays a scrypt check (0.13-0.21
+    CPU-seconds here; python -m bench.mlflow_auth)."""
+    from mlflow.server.auth.config import read_auth_config
+
+    stack = StackSecrets.create(tmp_path / "secrets").mlflow_auth_config
+    compose = Path(__file__).resolve().parents[2] / "infra" / "docker" / "mlflow-auth.ini"
+    for config in (stack, compose):
+        monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(config))
+        monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "unused-here")
+        assert read_auth_config().auth_cache_ttl_seconds == MLFLOW_AUTH_CACHE_TTL_S, config
+
