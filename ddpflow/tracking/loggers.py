@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
@@ -41,6 +43,16 @@ class RunRef:
 
 # The longest rank 0 waits at a checkpoint for MLflow to take the epoch's metrics.
 CHECKPOINT_FLUSH_TIMEOUT_S = 10.0
+# How long the logging thread gives a tracking server to accept a connection before a call.
+CONNECT_PROBE_TIMEOUT_S = 5.0
+
+
+def server_address(tracking_uri: str) -> tuple[str, int] | None:
+    """(host, port) of an http(s) tracking server; None for a store that is not one."""
+    parts = urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 class MetricLogger(Protocol):
@@ -117,6 +129,7 @@ class BackgroundMlflowLogger:
         self._close_timeout_s = flush_timeout_s() if close_timeout_s is None else close_timeout_s
         self.spool = _open_spool(spool_dir, max_spool_bytes or spool_max_bytes())
         self._retry_max_s = retry_max_s
+        self._address = server_address(run.tracking_uri)
         self._logged_before: dict[str, int] = {}  # key -> last step MLflow holds
         self._wake = threading.Event()  # a call was added, or close() began
         self._closing = threading.Event()
@@ -200,6 +213,7 @@ class BackgroundMlflowLogger:
                 self._wake.wait()
                 continue
             try:
+                self._check_reachable()
                 self._send(entry)
             except Exception as error:  # noqa: BLE001 - logging must never stop training
                 failures += 1
@@ -217,6 +231,18 @@ class BackgroundMlflowLogger:
                 log.warning("MLflow answers again after %d failed tries: sending", failures)
                 failures = 0
             self.spool.remove(entry)
+
+    def _check_reachable(self) -> None:
+        """OSError unless the tracking server accepts a connection now.
+
+        A call begun while the server is down does not fail: MLflow's client retries it in
+        urllib3, sleeping 4, 8, ... up to 120 s between tries (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR), so after a two-minute outage the call went on for
+        two more minutes, and every call behind it waited. Connecting first fails at once
+        instead, and this thread's own waits (at most retry_max_s) decide when to try again.
+        A server that dies during a call still costs that call MLflow's retries."""
+        if self._address is not None:
+            socket.create_connection(self._address, timeout=CONNECT_PROBE_TIMEOUT_S).close()
 
     def _send(self, entry: Entry) -> None:
         run_id = self._logger.run.run_id

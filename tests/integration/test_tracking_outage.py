@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from ddpflow.training.batching import epoch_batches
 from infra.services import Service, free_port, start_mlflow, stop
@@ -149,6 +150,32 @@ def test_a_two_minute_outage_mid_run_loses_no_metric_and_no_checkpoint(mlflow_se
     assert run.data.tags["ddpflow.latest_checkpoint"].endswith(wanted[-1])
     assert "tracking           complete" in out
     assert not list(project.glob("artifacts/runs/*/tracking-spool/*")), "nothing left waiting"
+
+
+def test_logging_resumes_within_its_own_retry_wait_once_mlflow_is_back(
+    mlflow_server, tmp_path, monkeypatch
+):
+    """A metric logged while MLflow is down reaches it within the logging thread's own wait
+    (retry_max_s) once the server answers again, not when MLflow's client would next retry:
+    with a back-off factor of 60 that retry comes 120 s after the second failure (after the
+    two-minute outage above, the flow so waited two more minutes)."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "60")
+    client = MlflowClient(mlflow_server.url)
+    run_id = client.create_run(client.create_experiment("resume")).info.run_id
+    run = RunRef(mlflow_server.url, run_id)
+    logger = BackgroundMlflowLogger(run, spool_dir=tmp_path / "spool", retry_max_s=1.0)
+    try:
+        mlflow_server.stop()
+        logger.log_metrics({"loss": 1.0}, step=1)
+        time.sleep(3)  # the logging thread has tried, and failed, meanwhile
+        assert not logger.flush(0), "nothing can reach a stopped server"
+        mlflow_server.start()
+        back = time.monotonic()
+        assert logger.flush(30), "MLflow did not get the metric within 30 s of its return"
+        print(f"MLflow had the metric {time.monotonic() - back:.1f} s after it answered again")
+    finally:
+        logger.close()
+    assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1]
 
 
 def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(mlflow_server, tmp_path):
