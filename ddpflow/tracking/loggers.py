@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
@@ -48,9 +49,14 @@ CONNECT_PROBE_TIMEOUT_S = 5.0
 
 
 def server_address(tracking_uri: str) -> tuple[str, int] | None:
-    """(host, port) of an http(s) tracking server; None for a store that is not one."""
+    """(host, port) of an http(s) tracking server this process connects to directly; None
+    for a store that is not one, or one MLflow's client reaches through a proxy
+    (HTTP(S)_PROXY without a NO_PROXY match, the variables requests reads too): only the
+    proxy may be reachable from here, so a direct connection says nothing about the server."""
     parts = urlsplit(tracking_uri)
     if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname):
         return None
     return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
