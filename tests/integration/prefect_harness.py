@@ -18,14 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from ddpflow.integrations.prefect.db_template import DATABASE_URL_VARIABLES
-from ddpflow.integrations.prefect.server import server_env, start_server, wait_healthy
+from ddpflow.integrations.prefect.server import (
+    server_env,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 
 STOP_TIMEOUT_S = 10.0
 
@@ -57,10 +61,5 @@ def prefect_api(template: Path, startup_timeout_s: float = 180) -> Iterator[str]
                 APILogWorker.instance().drain()
             EventsWorker.drain_all()
     finally:
-        server.terminate()
-        try:
-            server.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop_server(server, STOP_TIMEOUT_S)
         shutil.rmtree(home, ignore_errors=True)

@@ -88,4 +88,3 @@ def test_mlflow_reads_a_cached_password_check_from_both_auth_configs(tmp_path, m
         monkeypatch.setenv("MLFLOW_AUTH_CONFIG_PATH", str(config))
         monkeypatch.setenv("MLFLOW_AUTH_ADMIN_PASSWORD", "unused-here")
         assert read_auth_config().auth_cache_ttl_seconds == MLFLOW_AUTH_CACHE_TTL_S, config
-

@@ -34,7 +34,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.integrations.prefect.server import server_env, start_server
+from ddpflow.integrations.prefect.server import server_env, start_server, stop_server
 
 _PR_SET_PDEATHSIG = 1
 STOP_TIMEOUT_S = 5.0  # what Prefect's own temporary server is given to stop
@@ -131,12 +131,7 @@ def _stop() -> None:
         from prefect.logging import get_logger
 
         get_logger().info(f"Stopping temporary server on {_address(port)}")
-    process.terminate()
-    try:
-        process.wait(timeout=STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
+    stop_server(process, STOP_TIMEOUT_S)
 
 
 def _wait_healthy(api_url: str, process: subprocess.Popen[bytes]) -> None:

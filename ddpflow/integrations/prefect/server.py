@@ -79,3 +79,14 @@ def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) ->
                 return
         time.sleep(0.1)
     raise RuntimeError(f"Prefect's server did not answer {url} within {timeout_s:g} s")
+
+
+def stop_server(server: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Stop the server as Prefect stops its temporary one: SIGTERM, then SIGKILL after
+    `timeout_s`."""
+    server.terminate()
+    try:
+        server.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()
