@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.data import FormattedCorpus, SourceCopy, fetch_corpus, format_corpus
+from ddpflow.workloads.charlm.report import EvalResult, evaluation_markdown, save_report
 from ddpflow.workloads.charlm.shard_format import (
     CorpusShardPlan,
     NameChunk,
@@ -20,9 +19,6 @@ from ddpflow.workloads.charlm.shard_format import (
     write_train_names,
 )
 from tasks.restarts import DDPWorkload, RankFunction
-
-if TYPE_CHECKING:
-    from ddpflow.workloads.charlm.evaluation import EvalResult
 
 # The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
 INCOMPLETE_KEY = "charlm-tracking-incomplete"
@@ -93,12 +89,7 @@ def evaluate(
     """Holdout loss and generated names: to MLflow, the artifact store and a Prefect artifact."""
     # Imported when the task runs: evaluation needs torch, and the flow process that imports
     # this module starts without it.
-    from ddpflow.workloads.charlm.evaluation import (
-        evaluate_checkpoint,
-        evaluation_markdown,
-        log_evaluation,
-        save_report,
-    )
+    from ddpflow.workloads.charlm.evaluation import evaluate_checkpoint, log_evaluation
 
     result = evaluate_checkpoint(
         checkpoint_uri, corpus.val_uri, corpus.train_names_uri, num_names, seed

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
@@ -13,6 +11,7 @@ from ddpflow.workloads.vision.data import FormattedImages, ImageSpec, format_ima
 from ddpflow.workloads.vision.digits import DigitsFolder, ensure_digits
 from ddpflow.workloads.vision.image_folder import describe_keys
 from ddpflow.workloads.vision.objects import DEFAULT_MAX_IMAGE_MB
+from ddpflow.workloads.vision.reports import ImageEvalResult
 from ddpflow.workloads.vision.shard_format import (
     ChunkResult,
     ChunkTarget,
@@ -24,9 +23,6 @@ from ddpflow.workloads.vision.shard_format import (
     reusable,
 )
 from tasks.restarts import DDPWorkload, RankFunction
-
-if TYPE_CHECKING:
-    from ddpflow.workloads.vision.evaluation import ImageEvalResult
 
 # The Prefect artifact listing logging calls the MLflow run lacks (tasks.tracking_report).
 INCOMPLETE_KEY = "images-tracking-incomplete"

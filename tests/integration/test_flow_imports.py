@@ -5,6 +5,7 @@ run on the workers, or leave it to a sibling module (a job's torch-free dataclas
 
 from __future__ import annotations
 
+import pickle
 import pkgutil
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import sys
 import pytest
 
 import flows
+from ddpflow.workloads.charlm.report import EvalResult
 from ddpflow.workloads.vision.image_folder import IMG_EXTENSIONS
+from ddpflow.workloads.vision.reports import ImageEvalResult
 from tests.integration.conftest import REPO
 
 pytestmark = pytest.mark.integration
@@ -51,3 +54,31 @@ def test_the_image_extensions_are_torchvisions():
     from torchvision.datasets.folder import IMG_EXTENSIONS as TORCHVISION_EXTENSIONS
 
     assert IMG_EXTENSIONS == TORCHVISION_EXTENSIONS
+
+
+def test_the_evaluation_results_the_flow_receives_unpickle_without_torch():
+    """The evaluation tasks run on workers and return their result to the flow process, which
+    unpickles it: the result's module is imported there, so it must not import torch (it did
+    until 2026-11-29: 2 CPU-s at the end of every run, in a process that trains nothing)."""
+    results = [
+        EvalResult(1.5, ["Rex"], 1.0, "file:///tmp/c.pt", 3),
+        ImageEvalResult(0.5, 0.75, 4, ["a", "b"], [[1, 1], [0, 2]], "file:///tmp/c.pt", 2),
+    ]
+    script = (
+        "import pickle, sys\n"
+        "import flows.train_charlm, flows.train_images\n"
+        "results = pickle.loads(bytes.fromhex(sys.argv[1]))\n"
+        "print([type(r).__name__ for r in results], results[1].per_class['b']['accuracy'])\n"
+        f"print(sorted(m for m in {(*HEAVY, 'matplotlib')!r} if m in sys.modules))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, pickle.dumps(results).hex()],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    received, heavy = done.stdout.split("\n")[:2]
+    assert received == "['EvalResult', 'ImageEvalResult'] 1.0"
+    assert heavy == "[]", f"unpickling the evaluation results loaded {heavy}"

@@ -7,9 +7,14 @@ import json
 import torch
 
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.workloads.vision.evaluation import ImageEvalResult, evaluation_markdown, report_files
-from ddpflow.workloads.vision.metrics import confusion_matrix, per_class_accuracy
-from ddpflow.workloads.vision.reports import confusion_csv, read_confusion_csv
+from ddpflow.workloads.vision.evaluation import evaluation_markdown, report_files
+from ddpflow.workloads.vision.metrics import confusion_matrix
+from ddpflow.workloads.vision.reports import (
+    ImageEvalResult,
+    confusion_csv,
+    per_class_accuracy,
+    read_confusion_csv,
+)
 
 CLASSES = ["cat", "dog", "bird, small"]
 TARGETS = torch.tensor([0, 0, 0, 1, 1, 2])

@@ -1,9 +1,9 @@
-"""Held-out evaluation, name generation and model registration for the pet-name model."""
+"""Held-out evaluation, name generation and model registration for the pet-name model (on a
+worker: it needs torch; what it found is a charlm.report.EvalResult)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -13,26 +13,17 @@ from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.distributed.context import RankContext
 from ddpflow.registry.serving import register_checkpoint_model
-from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.validation import evaluate_loss
 from ddpflow.workloads.charlm.config import CharLSTMConfig, ModelConfigError
 from ddpflow.workloads.charlm.corpus import MAX_SOURCE_BYTES
-from ddpflow.workloads.charlm.data import FormattedCorpus, open_windows
+from ddpflow.workloads.charlm.data import open_windows
 from ddpflow.workloads.charlm.model import CharLSTM, check_state_fits
+from ddpflow.workloads.charlm.report import EvalResult
 from ddpflow.workloads.charlm.sampling import generate_names
 from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
 
 SINGLE = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    val_loss: float
-    names: list[str]
-    novel_fraction: float
-    checkpoint_uri: str
-    epoch: int
 
 
 def load_model(checkpoint_uri: str) -> tuple[CharLSTM, int]:
@@ -70,30 +61,6 @@ def log_evaluation(run: RunRef, result: EvalResult) -> None:
     client.log_metric(run.run_id, "final_val_loss", result.val_loss, step=result.epoch)
     client.log_metric(run.run_id, "novel_name_fraction", result.novel_fraction, step=result.epoch)
     client.log_text(run.run_id, "\n".join(result.names) + "\n", "evaluation/generated_names.txt")
-
-
-def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
-    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
-    return (
-        f"# Pet-name model evaluation\n\n"
-        f"| | |\n|---|---|\n"
-        f"| MLflow run | `{run.run_id}` |\n"
-        f"| epoch | {result.epoch} |\n"
-        f"| holdout loss | {result.val_loss:.4f} |\n"
-        f"| holdout names / samples | {corpus.num_val_names} / {corpus.num_val_samples} |\n"
-        f"| generated names not in training set | {result.novel_fraction:.0%} |\n"
-        f"| checkpoint | `{redact_url(result.checkpoint_uri)}` |\n\n"
-        f"## Generated names\n\n{names}\n"
-    )
-
-
-def save_report(report_dir: str, result: EvalResult, markdown: str) -> list[str]:
-    """The evaluation as markdown (for people) and JSON (for tools) in the artifact store."""
-    md_uri = storage.join(report_dir, "evaluation.md")
-    json_uri = storage.join(report_dir, "evaluation.json")
-    storage.write_bytes(md_uri, markdown.encode())
-    storage.write_bytes(json_uri, json.dumps(asdict(result), indent=2).encode())
-    return [md_uri, json_uri]
 
 
 def register_model(run: RunRef, checkpoint_uri: str, registered_name: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import tempfile
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,28 +20,13 @@ from ddpflow.workloads.vision.data import open_split
 from ddpflow.workloads.vision.metrics import confusion_matrix, predict
 from ddpflow.workloads.vision.model import ImageClassifier, build_resnet
 from ddpflow.workloads.vision.reports import (
+    ImageEvalResult,
     confusion_csv,
     confusion_png,
     per_class_json,
-    per_class_report,
 )
 
 REPORT_FILES = ("confusion_matrix.csv", "confusion_matrix.png", "per_class_accuracy.json")
-
-
-@dataclass(frozen=True)
-class ImageEvalResult:
-    val_loss: float
-    val_accuracy: float
-    num_val: int
-    classes: list[str]
-    confusion: list[list[int]]  # [true][predicted]
-    checkpoint_uri: str
-    epoch: int
-
-    @property
-    def per_class(self) -> dict[str, dict[str, float | int | None]]:
-        return per_class_report(self.classes, self.confusion)
 
 
 def load_model(checkpoint_uri: str) -> tuple[ImageClassifier, ImageModelConfig, int]:

@@ -75,8 +75,3 @@ def confusion_matrix(targets: torch.Tensor, predictions: torch.Tensor, num_class
     flat = targets.long() * num_classes + predictions.long()
     counts = torch.bincount(flat, minlength=num_classes * num_classes)
     return counts.view(num_classes, num_classes).tolist()
-
-
-def per_class_accuracy(confusion: list[list[int]]) -> list[float | None]:
-    """Share of each true class predicted correctly (recall); None for a class with no sample."""
-    return [row[i] / sum(row) if sum(row) else None for i, row in enumerate(confusion)]

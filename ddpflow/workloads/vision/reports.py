@@ -1,4 +1,9 @@
-"""The evaluation as files: confusion matrix (CSV for tools, PNG for people), per-class JSON.
+"""What the image evaluation found (ImageEvalResult) and its files: confusion matrix (CSV
+for tools, PNG for people), per-class JSON.
+
+Torch-free, and matplotlib is imported only to draw: the evaluation task returns an
+ImageEvalResult to the flow process, which unpickles it by importing this module, and that
+process starts and stays without torch (integration/test_flow_imports.py).
 
 Plots use `matplotlib.figure.Figure` directly, not pyplot: no global state and no GUI
 backend, so they render in any thread and on machines without a display (Agg).
@@ -10,12 +15,29 @@ import csv
 import io
 import json
 from collections.abc import Sequence
-
-from matplotlib.figure import Figure
-
-from ddpflow.workloads.vision.metrics import per_class_accuracy
+from dataclasses import dataclass
 
 MAX_ANNOTATED_CLASSES = 30  # beyond this, counts in cells are unreadable
+
+
+@dataclass(frozen=True)
+class ImageEvalResult:
+    val_loss: float
+    val_accuracy: float
+    num_val: int
+    classes: list[str]
+    confusion: list[list[int]]  # [true][predicted]
+    checkpoint_uri: str
+    epoch: int
+
+    @property
+    def per_class(self) -> dict[str, dict[str, float | int | None]]:
+        return per_class_report(self.classes, self.confusion)
+
+
+def per_class_accuracy(confusion: list[list[int]]) -> list[float | None]:
+    """Share of each true class predicted correctly (recall); None for a class with no sample."""
+    return [row[i] / sum(row) if sum(row) else None for i, row in enumerate(confusion)]
 
 
 def confusion_csv(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -> str:
@@ -49,6 +71,8 @@ def per_class_json(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -
 
 
 def confusion_png(classes: Sequence[str], confusion: Sequence[Sequence[int]], title: str) -> bytes:
+    from matplotlib.figure import Figure  # drawing runs on a worker; see the module docstring
+
     size = min(14.0, 3.0 + 0.45 * len(classes))
     figure = Figure(figsize=(size, size * 0.9), dpi=100)
     axes = figure.add_subplot()
