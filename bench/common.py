@@ -139,10 +139,13 @@ def stop_cleanly_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
 
 
-def command_line(module: str, doc: str | None, quick: str | None = None) -> argparse.ArgumentParser:
+def command_line(
+    module: str, doc: str | None, quick: str | None = None, record: str | None = None
+) -> argparse.ArgumentParser:
     """The parser every benchmark starts from: `python -m <module>`, its docstring as the
-    help text (as written), `--quick` described by `quick`; and SIGTERM (`timeout`, a job
-    scheduler) still stops the services a benchmark started."""
+    help text (as written), `--quick` described by `quick`, `--record` (write entry `record`
+    of results/latest.json) when `record` is given; and SIGTERM (`timeout`, a job scheduler)
+    still stops the services a benchmark started."""
     stop_cleanly_on_sigterm()
     parser = argparse.ArgumentParser(
         prog=f"python -m {module}",
@@ -151,6 +154,11 @@ def command_line(module: str, doc: str | None, quick: str | None = None) -> argp
     )
     if quick is not None:
         parser.add_argument("--quick", action="store_true", help=quick)
+    if record is not None:
+        where = f"results/{LATEST.name}"
+        parser.add_argument(
+            "--record", action="store_true", help=f"also write entry {record} of {where}"
+        )
     return parser
 
 

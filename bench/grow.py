@@ -175,11 +175,10 @@ def results(found: dict[str, Any], settle_s: float) -> list[Result]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = command_line("bench.grow", __doc__, quick="a smaller dataset, settle 3 s")
-    parser.add_argument("--settle-s", type=float, default=None, help="default 10 (quick 3)")
-    parser.add_argument(
-        "--record", action="store_true", help="also write entry grow of results/latest.json"
+    parser = command_line(
+        "bench.grow", __doc__, quick="a smaller dataset, settle 3 s", record="grow"
     )
+    parser.add_argument("--settle-s", type=float, default=None, help="default 10 (quick 3)")
     args = parser.parse_args(argv)
     settle_s = args.settle_s if args.settle_s is not None else (3.0 if args.quick else 10.0)
     samples, epochs, steady = (32_768, 6, 60) if args.quick else (65_536, 6, 200)

@@ -97,11 +97,10 @@ def _results(found: dict[bool, list[dict[str, float]]], round_trips: int) -> lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = command_line("bench.local_tls", __doc__, quick="2 rounds, fewer round trips")
-    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 4, quick 2)")
-    parser.add_argument(
-        "--record", action="store_true", help="also write entry local_tls of results/latest.json"
+    parser = command_line(
+        "bench.local_tls", __doc__, quick="2 rounds, fewer round trips", record="local_tls"
     )
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 4, quick 2)")
     args = parser.parse_args(argv)
     rounds = args.rounds or (2 if args.quick else 4)
     round_trips, transfers = (100, 3) if args.quick else (300, 5)

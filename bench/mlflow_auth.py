@@ -95,11 +95,10 @@ def _results(found: dict[bool, list[dict[str, float]]], requests: int) -> list[R
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = command_line("bench.mlflow_auth", __doc__, quick="1 round of 50 calls")
-    parser.add_argument("--requests", type=int, default=None, help="calls per server (200)")
-    parser.add_argument(
-        "--record", action="store_true", help="also write entry mlflow_auth of results/latest.json"
+    parser = command_line(
+        "bench.mlflow_auth", __doc__, quick="1 round of 50 calls", record="mlflow_auth"
     )
+    parser.add_argument("--requests", type=int, default=None, help="calls per server (200)")
     args = parser.parse_args(argv)
     rounds = 1 if args.quick else 2
     requests = args.requests or (50 if args.quick else 200)

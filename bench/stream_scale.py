@@ -779,7 +779,7 @@ def report(found: dict[str, Any], args: Any) -> None:
 
 
 def parse(argv: list[str] | None) -> Any:
-    parser = command_line("bench.stream_scale", __doc__)
+    parser = command_line("bench.stream_scale", __doc__, record="stream_scale")
     parser.add_argument(
         "--budget-mb",
         type=float,
@@ -793,9 +793,6 @@ def parse(argv: list[str] | None) -> Any:
         "--timeout-s", type=float, default=1800, help="stop the flow after this long (1800)"
     )
     parser.add_argument("--series", type=Path, help="also write every RSS sample and line here")
-    parser.add_argument(
-        "--record", action="store_true", help="write entry stream_scale of results/latest.json"
-    )
     return parser.parse_args(argv)
 
 
