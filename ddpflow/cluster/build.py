@@ -41,7 +41,19 @@ from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 # MLFLOW_CONFIGURE_LOGGING) at import, the tracking URI and the rest when used. Prefect is
 # left out: it reads its settings (PREFECT_API_URL) when imported, and a worker must read the
 # ones its nanny gives it, not the ones of the process the server forked from.
-FORKSERVER_PRELOAD = ["distributed", "numpy", "torch", "mlflow"]
+# Two more modules every training worker imports the first time it trains: torch._dynamo
+# (building any torch optimizer imports it, 1.4 CPU-s) and MLflow's SQL store (rank 0 and
+# evaluation logging to a local sqlite: store, 0.75 CPU-s). Neither starts a thread; the
+# variables torch._dynamo's config reads at import are the user's own, which the forkserver
+# has too. bench/worker_preload.py measures what the pair saves a flow run.
+FORKSERVER_PRELOAD = [
+    "distributed",
+    "numpy",
+    "torch",
+    "mlflow",
+    "torch._dynamo",
+    "mlflow.store.tracking.sqlalchemy_store",
+]
 JOBQUEUE_CLASSES = {
     "slurm": "SLURMCluster",
     "pbs": "PBSCluster",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -76,13 +77,25 @@ def _parent_command_line() -> str:
 
 # docs/charlm.md: a LocalCluster's workers fork from a server process that imported torch
 # and MLflow once, so a worker start (and a restart after a lost worker) does not import
-# them again.
+# them again; nor what a worker imports when it first trains (torch._dynamo, which every
+# optimizer imports, and MLflow's SQL store).
 def test_workers_fork_from_a_server_that_preloaded_torch_and_mlflow(dask_client):
     parents = dask_client.run(_parent_command_line)
     assert len(parents) == 2
     for command in parents.values():
         assert "multiprocessing.forkserver" in command, command
         assert "'torch'" in command and "'mlflow'" in command, command
+    for loaded in dask_client.run(_preloaded, FIRST_TRAINING_IMPORTS).values():
+        assert loaded == list(FIRST_TRAINING_IMPORTS), loaded
+
+
+FIRST_TRAINING_IMPORTS = ("torch._dynamo", "mlflow.store.tracking.sqlalchemy_store")
+
+
+def _preloaded(names: tuple[str, ...]) -> list[str]:
+    """Which of `names` this worker process had before it ran anything (its forkserver's
+    preload): this test runs first in its module, before any task of the module."""
+    return [name for name in names if name in sys.modules]
 
 
 def test_two_ranks_form_one_group_one_thread_each(dask_client):
