@@ -116,7 +116,7 @@ def _bare_rank(rank: int, jobs: Any, answers: Any) -> None:
 
 
 def measure(rounds: int, steps: int, num_names: int, variants: list[str]) -> dict[str, list[float]]:
-    from ddpflow.cluster.build import _fork_workers_from_a_preloaded_server
+    from ddpflow.cluster.forkserver import fork_workers_from_a_preloaded_server
 
     ratios: dict[str, list[float]] = {v: [] for v in variants}
     rates: dict[str, list[float]] = {v: [] for v in ["bare", *variants]}
@@ -127,7 +127,7 @@ def measure(rounds: int, steps: int, num_names: int, variants: list[str]) -> dic
     for process in bare:
         process.start()
     dask.config.set(_config())
-    _fork_workers_from_a_preloaded_server()
+    fork_workers_from_a_preloaded_server()
     cluster = distributed.LocalCluster(
         n_workers=WORLD, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0"
     )

@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python -m bench.worker_preload [--quick] [--rounds N] [--record]
 
 A LocalCluster's workers fork from one multiprocessing forkserver that imported
-`ddpflow.cluster.build.FORKSERVER_PRELOAD` once (a module a worker imports then costs it
+`ddpflow.cluster.forkserver.FORKSERVER_PRELOAD` once (a module a worker imports then costs it
 nothing). This runs a tiny `python -m flows.train_charlm` (1 epoch, hidden size 16, 1 layer,
 the shipped corpus, each run in a new project folder) with the shipped list and with the
 baseline list BASELINE (the shipped list without the modules a rank imports the first time it
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 
 from bench.common import Result, command_line, load_average, median, print_results, record_entry
-from ddpflow.cluster.build import FORKSERVER_PRELOAD
+from ddpflow.cluster.forkserver import FORKSERVER_PRELOAD
 
 REPO = Path(__file__).resolve().parents[1]
 BASELINE = ["distributed", "numpy", "torch", "mlflow"]
@@ -35,8 +35,8 @@ ARGS = ["--epochs", "1", "--hidden-size", "16", "--num-layers", "1", "--batch-si
 # The flow as `python -m flows.train_charlm` runs it, with the preload list replaced first.
 LAUNCH = (
     "import runpy, sys\n"
-    "import ddpflow.cluster.build as build\n"
-    "build.FORKSERVER_PRELOAD[:] = sys.argv.pop(1).split(',')\n"
+    "import ddpflow.cluster.forkserver as forkserver\n"
+    "forkserver.FORKSERVER_PRELOAD[:] = sys.argv.pop(1).split(',')\n"
     "runpy.run_module('flows.train_charlm', run_name='__main__', alter_sys=True)\n"
 )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.cluster.workers import WORKER_ENV
+from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
 from infra.certs import TlsFiles, security_from_env
 from infra.procs import Service, spawn, stop, tcp_ok, wait_until
 from infra.runtime import BIN, base_env
@@ -45,6 +45,7 @@ def start_dask(
     argv = [
         str(BIN / "dask"), "worker", address, "--nworkers", str(num_workers), "--nthreads", "1",
         "--host", "127.0.0.1", *LOOPBACK_HTTP, "--local-directory", str(scratch),
+        *WORKER_CLI_ARGS,
         *(tls.cli_args() if tls else []),
     ]  # fmt: skip
     try:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import distributed
 
-from ddpflow.cluster.workers import WORKER_ENV
+from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
 from ddpflow.distributed import cluster_workers
 from infra import netns
 from infra.procs import Service, spawn, stop, tcp_ok, wait_until
@@ -146,7 +146,7 @@ def _worker_loop(multi: NetnsCluster, host: str, scratch: Path) -> list[str]:
         str(BIN / "dask"), "worker", multi.scheduler_address, "--nthreads", "1",
         "--nworkers", str(multi.workers_per_host[host]),
         "--host", ip, "--no-dashboard", "--dashboard-address", f"{ip}:0",
-        "--local-directory", str(scratch / host),
+        "--local-directory", str(scratch / host), *WORKER_CLI_ARGS,
     ]  # fmt: skip
     loop = f"while true; do {shlex.join(worker)}; sleep 1; done"
     return multi.hosts.argv(host, ["sh", "-c", loop])

@@ -10,7 +10,6 @@ when their kind is used; a missing one raises ConfigError naming the extra to in
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import shlex
 from collections.abc import Mapping
 from typing import Any
@@ -20,40 +19,19 @@ import distributed
 from distributed.deploy import Cluster
 
 from ddpflow.cluster.extras import require_extra
+from ddpflow.cluster.forkserver import fork_workers_from_a_preloaded_server
 from ddpflow.cluster.kept_nannies import KeptNanniesCluster
 from ddpflow.cluster.local_tls import local_security
 from ddpflow.cluster.workers import (
     CPU_RESOURCE,
     GPU_RESOURCE,
     PRE_SPAWN_ENVIRON,
+    WORKER_CLI_ARGS,
     WORKER_CONFIG,
     WORKER_ENV,
 )
 from ddpflow.config import CLUSTER_ENV, DEFAULT_NUM_WORKERS, ConfigError
 
-# Worker processes of a local cluster fork from one server process that has imported these
-# once, instead of each starting a fresh interpreter that imports them again: torch alone is
-# about 5 s of CPU per worker start (and per restart after a lost worker) on a 2-core
-# machine, MLflow (every worker imports it: rank 0 logs to it, evaluation and registration
-# use it) 3 s more. None of them starts a thread at import, and importing torch does not
-# initialise CUDA, so a forked worker can still use its GPU. None reads a setting ddpflow
-# gives workers: MLflow reads only its logging switches (MLFLOW_LOGGING_LEVEL,
-# MLFLOW_CONFIGURE_LOGGING) at import, the tracking URI and the rest when used. Prefect is
-# left out: it reads its settings (PREFECT_API_URL) when imported, and a worker must read the
-# ones its nanny gives it, not the ones of the process the server forked from.
-# Two more modules every training worker imports the first time it trains: torch._dynamo
-# (building any torch optimizer imports it, 1.4 CPU-s) and MLflow's SQL store (rank 0 and
-# evaluation logging to a local sqlite: store, 0.75 CPU-s). Neither starts a thread; the
-# variables torch._dynamo's config reads at import are the user's own, which the forkserver
-# has too. bench/worker_preload.py measures what the pair saves a flow run.
-FORKSERVER_PRELOAD = [
-    "distributed",
-    "numpy",
-    "torch",
-    "mlflow",
-    "torch._dynamo",
-    "mlflow.store.tracking.sqlalchemy_store",
-]
 JOBQUEUE_CLASSES = {
     "slurm": "SLURMCluster",
     "pbs": "PBSCluster",
@@ -86,7 +64,7 @@ def local_cluster(
     """
     security = local_security(tls, cluster_kwargs)
     dask.config.set(WORKER_CONFIG)
-    _fork_workers_from_a_preloaded_server()
+    fork_workers_from_a_preloaded_server()
     if quiet:
         # Dask's INFO lines (every nanny and client start/stop) drown the flow's own output;
         # warnings and errors still show. Worker processes set up their logging when they
@@ -104,15 +82,6 @@ def local_cluster(
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
     return KeptNanniesCluster(n_workers=num_workers, **kwargs)
-
-
-def _fork_workers_from_a_preloaded_server() -> None:
-    """Dask's nanny starts workers with this process's multiprocessing context: make it a
-    forkserver that preloads FORKSERVER_PRELOAD. Dask sets its own preload list the first
-    time it builds the context, so that call comes first and this list replaces it."""
-    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-    distributed.utils.get_mp_context()
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 def build_cluster(
@@ -206,6 +175,7 @@ def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Clus
     worker_env = {**WORKER_ENV, **nccl_interface_env(options.get("interface")), **env}
     exports = [f"export {k}={shlex.quote(str(v))}" for k, v in worker_env.items()]
     options["job_script_prologue"] = exports + list(options.get("job_script_prologue") or [])
+    options["worker_extra_args"] = [*WORKER_CLI_ARGS, *(options.get("worker_extra_args") or [])]
     options.setdefault("processes", 1)
     scheduler_options = options.get("scheduler_options") or {}
     # The scheduler itself listens where the jobs reach it; its dashboard only on loopback

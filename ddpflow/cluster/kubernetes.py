@@ -14,7 +14,7 @@ from distributed.deploy import Cluster
 
 from ddpflow.cluster.extras import require_extra
 from ddpflow.cluster.tls import add_tls, refuse_per_run_tls
-from ddpflow.cluster.workers import GPU_RESOURCE, WORKER_ENV
+from ddpflow.cluster.workers import GPU_RESOURCE, WORKER_CLI_ARGS, WORKER_ENV
 from ddpflow.config import ConfigError
 
 DEFAULT_IMAGE = "ddpflow:latest"
@@ -57,7 +57,8 @@ def kubernetes_spec(options: Mapping[str, Any], env: Mapping[str, str] | None = 
         raise ConfigError(f"unknown Kubernetes spec options {unknown}; use {KUBERNETES_SPEC_KEYS}")
     resources = options.get("resources")
     gpus = ((resources or {}).get("limits") or {}).get("nvidia.com/gpu")
-    command = "dask worker --nthreads 1" + (f" --resources {GPU_RESOURCE}={gpus}" if gpus else "")
+    command = " ".join(["dask worker --nthreads 1", *WORKER_CLI_ARGS])
+    command += f" --resources {GPU_RESOURCE}={gpus}" if gpus else ""
     spec = operator.make_cluster_spec(
         name=options.get("name", "ddpflow"),
         image=options.get("image", DEFAULT_IMAGE),

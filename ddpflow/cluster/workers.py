@@ -34,6 +34,11 @@ WORKER_ENV = {
     "DASK_DISTRIBUTED__ADMIN__SYSTEM_MONITOR__INTERVAL": "2s",
     "DASK_DISTRIBUTED__NANNY__PRE_SPAWN_ENVIRON": "{'MALLOC_TRIM_THRESHOLD_': None}",
 }
+# ... and the `dask worker` flags: its nannies fork their workers from a server that imported
+# torch and MLflow once, as ddpflow's LocalCluster does (ddpflow.cluster.forkserver). A flag,
+# not a DASK_DISTRIBUTED__NANNY__PRELOAD variable: `dask worker` hands each nanny its own
+# --preload-nanny list, empty when the flag is absent, and a nanny then ignores the setting.
+WORKER_CLI_ARGS = ("--preload-nanny", "ddpflow.cluster.forkserver")
 # Dask worker resources: a GPU worker declares GPU=1 (`dask worker ... --resources GPU=1`),
 # a CPU-only worker beside GPU workers CPU=<threads>; see task_placement.
 GPU_RESOURCE = "GPU"

@@ -22,7 +22,7 @@ import distributed
 import pytest
 
 from ddpflow.cluster.build import local_cluster
-from ddpflow.cluster.workers import WORKER_ENV
+from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
 from ddpflow.distributed.supervision import cluster_workers
 from infra.dask_service import LOOPBACK_HTTP
 from infra.procs import Service, spawn, stop
@@ -93,7 +93,7 @@ class Workers:
         env = base_env({**self.scheduler["worker_env"], **WORKER_ENV, "PYTHONPATH": str(REPO)})
         argv = [
             str(BIN / "dask"), "worker", self.scheduler["address"], "--nthreads", "1",
-            "--host", "127.0.0.1", *LOOPBACK_HTTP,
+            "--host", "127.0.0.1", *LOOPBACK_HTTP, *WORKER_CLI_ARGS,
         ]  # fmt: skip
         service = spawn(f"dask-worker-{len(self.started)}", argv, env, self.scheduler["logs"])
         self.started.append(service)

@@ -48,3 +48,19 @@ def test_a_job_script_puts_nccls_bootstrap_on_the_workers_interface(tmp_path: Pa
     assert worker[worker.index("--interface") + 1] == "lo"
     without = {k: v for k, v in options.items() if k != "interface"}
     assert "NCCL_SOCKET_IFNAME" not in job_script(without)
+
+
+def test_a_job_scripts_workers_fork_from_a_preloaded_server(tmp_path: Path) -> None:
+    """The job's `dask worker` carries ddpflow's worker flags (its nanny forks the worker from
+    a server that imported torch and MLflow once); extra arguments of the options stay."""
+    from ddpflow.cluster.workers import WORKER_CLI_ARGS
+    from infra.cluster_specs import job_script
+
+    options = json.loads((INFRA / "jobqueue" / "slurm-gpu.json").read_text())
+    options |= {
+        "shared_temp_directory": str(tmp_path),
+        "scheduler_options": {"host": "127.0.0.1"},
+        "worker_extra_args": ["--lifetime", "2h"],
+    }
+    worker = job_script(options).splitlines()[-1]
+    assert " ".join(WORKER_CLI_ARGS) in worker and "--lifetime 2h" in worker, worker

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from ddpflow.cluster.kubernetes import kubernetes_spec
-from ddpflow.cluster.workers import WORKER_ENV
+from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
 
 INFRA = Path(__file__).resolve().parents[2] / "infra"
 COMPOSE = INFRA / "docker" / "compose.yaml"
@@ -131,7 +131,9 @@ def test_gpu_workers_in_kubernetes() -> None:
     spec = kubernetes_spec(_spec_options())
     (worker,) = spec["spec"]["worker"]["spec"]["containers"]
     (scheduler,) = spec["spec"]["scheduler"]["spec"]["containers"]
-    assert worker["args"][:6] == ["dask", "worker", "--nthreads", "1", "--resources", "GPU=1"]
+    assert worker["args"][:4] == ["dask", "worker", "--nthreads", "1"]
+    # ddpflow's worker flags, then the GPU resource
+    assert worker["args"][4:8] == [*WORKER_CLI_ARGS, "--resources", "GPU=1"]
     assert worker["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in str(scheduler.get("resources")), "the scheduler needs no GPU"
     assert scheduler["args"][:2] == ["dask", "scheduler"]
