@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import distributed
+import psutil
 import pytest
 
 from ddpflow.cluster.build import local_cluster
@@ -103,9 +104,12 @@ class Workers:
         """The worker address of `rank` (ranks are planned in address order) and the
         `dask worker` process, its nanny's, that runs it."""
         client = self.scheduler["client"]
-        parents = client.run(os.getppid)  # a worker process's parent is its nanny's process
-        address = sorted(parents)[rank]
-        (service,) = [s for s in self.started if s.pid == parents[address]]
+        pids = client.run(os.getpid)
+        address = sorted(pids)[rank]
+        # A worker process descends from its `dask worker` process, through the forkserver
+        # its nanny forks it from (ddpflow.cluster.forkserver).
+        ancestors = {parent.pid for parent in psutil.Process(pids[address]).parents()}
+        (service,) = [s for s in self.started if s.pid in ancestors]
         return address, service
 
 
