@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,11 +59,49 @@ class Service:
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
+# Where free_port draws from: below the kernel's ephemeral range (see free_port).
+_PORTS_FROM = 20000
+_PICK = random.SystemRandom()  # not the `random` module's state, which a test may seed alike
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range for ports picked by bind(0) and outgoing connections."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):  # not Linux: the IANA range, which BSDs and macOS use
+        return 49152, 65535
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port that is free on `host` right now (the OS picks it)."""
+    """A port that is free on `host` right now, for a service started next to bind.
+
+    Chosen below the ephemeral range, not by bind(0): a port the OS picks comes from that
+    range, which every outgoing connection and every other bind(0) on the machine draws from
+    too, so between this call and the service's bind one of them could take it ("address
+    already in use", seen with three test processes side by side). A port below the range is
+    taken only by an explicit bind, such as another free_port's service: a random pick among
+    thousands makes that rare.
+    """
+    low, _ = ephemeral_ports()
+    if low - _PORTS_FROM < 1000:  # a machine whose range starts low: take the OS's pick
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            return int(sock.getsockname()[1])
+    for _ in range(100):
+        port = _PICK.randrange(_PORTS_FROM, low)
+        if _bindable(host, port):
+            return port
+    raise ServiceError(f"no free port on {host} between {_PORTS_FROM} and {low}")
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def port_is_free(port: int) -> bool:

@@ -12,7 +12,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from infra.procs import free_port
 
 PARTITION = "ddpflow"
 APT_TIMEOUT_S = 600
@@ -127,14 +128,10 @@ PartitionName={PARTITION} Nodes={host} Default=YES MaxTime=INFINITE State=UP Ove
 
 
 def _free_ports(count: int) -> tuple[int, ...]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return tuple(sock.getsockname()[1] for sock in socks)
-    finally:
-        for sock in socks:
-            sock.close()
+    ports: set[int] = set()
+    while len(ports) < count:  # two picks may coincide
+        ports.add(free_port())
+    return tuple(sorted(ports))
 
 
 def _ensure_munge_key() -> None:

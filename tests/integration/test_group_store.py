@@ -18,7 +18,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from ddpflow.distributed.context import RankSpec, find_free_port, process_group
+from ddpflow.distributed.context import RankSpec, process_group
 from ddpflow.distributed.group_store import (
     HIDDEN,
     listening_socket,
@@ -27,6 +27,7 @@ from ddpflow.distributed.group_store import (
     token_kept_out_of_errors,
 )
 from ddpflow.distributed.sealed_store import SealBroken
+from infra.procs import free_port
 from tests.listeners import listening_addresses
 
 pytestmark = pytest.mark.integration
@@ -42,7 +43,7 @@ def test_torch_alone_listens_on_every_address_whatever_host_it_is_given():
 
 
 def test_rank_0s_store_listens_on_its_address_only_and_serves_the_group():
-    port = find_free_port()
+    port = free_port()
     server = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     assert listening_addresses(port) == {"127.0.0.1"}
     client = open_group_store("127.0.0.1", port, 1, False, SECOND * 5, TOKEN)
@@ -77,7 +78,7 @@ def test_a_listening_socket_binds_an_ipv6_address_too():
 
 
 def test_no_name_or_value_the_group_uses_is_stored_in_the_clear():
-    port = find_free_port()
+    port = free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     group.set("ddpflow/main-io/0/checkpoint", b"ok")
     raw = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=SECOND)
@@ -98,7 +99,7 @@ GROUP_VALUES = {
 
 def _group_and_a_stranger() -> tuple[dist.Store, dist.TCPStore]:
     """A group's store holding GROUP_VALUES, and a plain client of its port."""
-    port = find_free_port()
+    port = free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     for key, value in GROUP_VALUES.items():
         group.set(key, value)
@@ -133,7 +134,7 @@ def test_what_a_stranger_writes_under_a_listed_name_is_refused_not_believed():
 def test_a_stranger_cannot_write_a_key_the_group_will_read():
     """The names of keys not yet written are unknown outside the group: forging one by its
     plain name, or under the token as a prefix, leaves the group's key unset."""
-    port = find_free_port()
+    port = free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=SECOND)
     future = "ddpflow/main-io/1/checkpoint"
@@ -146,7 +147,7 @@ def test_a_stranger_cannot_write_a_key_the_group_will_read():
 
 
 def test_the_sealed_store_keeps_the_store_api():
-    port = find_free_port()
+    port = free_port()
     group = open_group_store("127.0.0.1", port, 1, True, SECOND * 5, TOKEN)
     assert group.add("count", 2) == 2 and group.add("count", 3) == 5
     assert group.compare_set("word", "", "first") == b"first"  # not there yet: set
@@ -170,7 +171,7 @@ def test_the_rank_spec_shows_no_token():
 def test_a_group_whose_peer_never_joins_fails_without_naming_the_token(capfd):
     """Rank 1 connects to the store but never joins the group: rank 0's rendezvous times out
     with torch's error, which names the key it waited for by its plain name."""
-    port = find_free_port()
+    port = free_port()
     spec = RankSpec(
         0, 2, "127.0.0.1", port, "gloo", 2.0, "t", bind_host="127.0.0.1", store_token=TOKEN
     )

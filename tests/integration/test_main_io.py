@@ -13,14 +13,15 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from ddpflow.distributed.context import RankSpec, find_free_port, process_group
+from ddpflow.distributed.context import RankSpec, process_group
 from ddpflow.distributed.main_io import FAILED, OK, MainIO, MainRankFailed, _wait_for_word
+from infra.procs import free_port
 
 pytestmark = pytest.mark.integration
 
 
 def store_pair(timeout_s: float = 5.0) -> tuple[dist.TCPStore, dist.TCPStore]:
-    port = find_free_port()
+    port = free_port()
     timeout = timedelta(seconds=timeout_s)
     server = dist.TCPStore("127.0.0.1", port, 2, True, timeout, wait_for_workers=False)
     client = dist.TCPStore("127.0.0.1", port, 2, False, timeout)
@@ -84,7 +85,7 @@ def test_a_real_group_outlasts_its_timeout_while_rank_0_writes_and_learns_its_fa
     rank 1 raises MainRankFailed at once instead of timing out."""
     mp = multiprocessing.get_context("spawn")
     out = mp.Queue()
-    port = find_free_port()
+    port = free_port()
     procs = [mp.Process(target=_rank, args=(r, port, out)) for r in range(2)]
     for proc in procs:
         proc.start()

@@ -21,7 +21,7 @@ import torch
 
 from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
-from ddpflow.distributed.context import RankSpec, find_free_port, process_group
+from ddpflow.distributed.context import RankSpec, process_group
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.context import TrainContext
 from ddpflow.training.speed.settings import SpeedError, SpeedSettings
@@ -29,6 +29,7 @@ from ddpflow.workloads.charlm import training as charlm_training
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.vision import training as vision_training
 from ddpflow.workloads.vision.config import ImageModelConfig
+from infra.procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def _rank(train: Callable[[Any, Any], Any], job: Any, logger: Any = None) -> Any
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with process_group(RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", 60, "t")) as ctx:
+        with process_group(RankSpec(0, 1, "127.0.0.1", free_port(), "gloo", 60, "t")) as ctx:
             return train(TrainContext(ctx, job.train_settings(), logger or _Logger()), job)
     finally:
         torch.set_num_threads(threads)

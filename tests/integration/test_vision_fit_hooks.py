@@ -13,7 +13,7 @@ from PIL import Image
 from torch import nn
 
 from ddpflow.checkpoint.store import CheckpointStore
-from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
+from ddpflow.distributed.context import RankContext, RankSpec, process_group
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks, FitPlan, fit
@@ -22,6 +22,7 @@ from ddpflow.workloads.vision.config import ImageModelConfig
 from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
 from ddpflow.workloads.vision.job import ImageTrainJob
 from ddpflow.workloads.vision.training import train_rank
+from infra.procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -126,7 +127,7 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path) -> N
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        with process_group(RankSpec(0, 1, "127.0.0.1", find_free_port(), "gloo", 60, "t")) as ctx:
+        with process_group(RankSpec(0, 1, "127.0.0.1", free_port(), "gloo", 60, "t")) as ctx:
             result = train_rank(TrainContext(ctx, job.train_settings(), logger), job)
     finally:
         torch.set_num_threads(threads)
