@@ -97,6 +97,22 @@ def completed_task_runs(flow_run_id: Any) -> list[str]:
     return [run.name for run in found if run.state and run.state.is_completed()]
 
 
+def latest_flow_run(flow_name: str) -> Any:
+    """The flow's last run in the API (flow_services')."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(
+            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
+            limit=1,
+        )
+    assert runs, f"no run of {flow_name} recorded"
+    return runs[0]
+
+
 def flow_run_records(flow_run_id: Any) -> dict:
     """The flow run, its task runs (states and their messages), logs and artifacts as the
     API (flow_services') holds them, in the shape prefect_records gives a project's

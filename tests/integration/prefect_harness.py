@@ -32,6 +32,14 @@ from ddpflow.integrations.prefect.server import (
 )
 
 STOP_TIMEOUT_S = 10.0
+# Each running API's folder (its database inside), by its URL: a test that searches every
+# file a run could have written a secret to searches the API's database too.
+_HOMES: dict[str, Path] = {}
+
+
+def database_files(api_url: str) -> list[Path]:
+    """The files of a running prefect_api's database (its write-ahead log included)."""
+    return sorted(_HOMES[api_url].glob("prefect.db*"))
 
 
 @contextmanager
@@ -52,6 +60,7 @@ def prefect_api(template: Path, startup_timeout_s: float = 180) -> Iterator[str]
     try:
         url = f"http://127.0.0.1:{port}/api"
         wait_healthy(f"{url}/health", server, startup_timeout_s)
+        _HOMES[url] = home
         with (
             temporary_settings({PREFECT_API_URL: url}),
             _temporary_global_settings_context(get_settings_context()),
@@ -61,5 +70,6 @@ def prefect_api(template: Path, startup_timeout_s: float = 180) -> Iterator[str]
                 APILogWorker.instance().drain()
             EventsWorker.drain_all()
     finally:
+        _HOMES.pop(f"http://127.0.0.1:{port}/api", None)
         stop_server(server, STOP_TIMEOUT_S)
         shutil.rmtree(home, ignore_errors=True)

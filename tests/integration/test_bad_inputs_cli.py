@@ -23,7 +23,7 @@ from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
 from infra.services import free_port
-from tests.integration.conftest import flow_run_task_runs, run_in_process
+from tests.integration.conftest import flow_run_task_runs, latest_flow_run, run_in_process
 from tests.pngs import png
 
 pytestmark = pytest.mark.integration
@@ -72,26 +72,10 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
         for text in expected:
             assert text in last, last
         assert _stored(project) == before, "nothing stored changed"
-        flow_run = _latest_flow_run(flow.name)
+        flow_run = latest_flow_run(flow.name)
         return flow_run, [task.name for task in flow_run_task_runs(flow_run.id)]
 
     return run
-
-
-def _latest_flow_run(flow_name: str) -> Any:
-    """The flow's last run in the API."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
-    from prefect.client.schemas.sorting import FlowRunSort
-
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(
-            flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
-            sort=FlowRunSort.EXPECTED_START_TIME_DESC,
-            limit=1,
-        )
-    assert runs, f"no run of {flow_name} recorded"
-    return runs[0]
 
 
 def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path, fails_naming) -> None:

@@ -1,14 +1,19 @@
 """Credentials in a URI reach no output, Prefect record, MLflow store or artifact.
 
-The flow runs the way a user runs it (`python -m flows.train_charlm`); Prefect's records are
-read back through its client from the project's own database, and every file the run left
-behind (Prefect's and MLflow's SQLite files included) is searched byte by byte.
+The flow runs through its command line's own code (`flows.cli.run_cli`, what `python -m
+flows.train_charlm` runs, which redacts a refused value before Prefect records it) in this
+process, on the module's Prefect API and Dask cluster (flow_services). Prefect's records are
+read back through its client, and every file the run could have written to (the project's
+MLflow store and artifacts, the API's database) is searched byte by byte. The download task's
+failure runs in a process of its own, against the project's own Prefect database.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -19,15 +24,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from prefect.logging.handlers import APILogWorker
+from prefect.settings import PREFECT_API_URL
 
 from ddpflow.preflight.checks import PreflightError, check_tracking
+from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, run_cli
+from flows.train_charlm import train_charlm
 from tests.integration.conftest import (
     READ_RECORDS,
-    prefect_records,
+    flow_run_records,
+    latest_flow_run,
     project_env,
-    run_flow,
+    run_in_process,
     tiny_charlm,
 )
+from tests.integration.prefect_harness import database_files
 
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
@@ -66,52 +77,69 @@ def assert_clean(text: str, where: str) -> None:
     assert PASSWORD not in text and KEY not in text, f"{where}: {text[-3000:]}"
 
 
-def assert_no_file_holds_a_secret(project: Path) -> None:
-    files = [p for p in project.rglob("*") if p.is_file()]
+def assert_no_file_holds_a_secret(project: Path, *more: Path) -> None:
+    files = [p for p in project.rglob("*") if p.is_file()] + list(more)
     assert any(p.name.startswith("prefect.db") for p in files), "Prefect's database was searched"
     for path in files:
         data = path.read_bytes()
         assert PASSWORD.encode() not in data and KEY.encode() not in data, path
 
 
-def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path):
-    project = tmp_path / "project"
-    source = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/missing.json?key={KEY}#frag"
-    result = run_flow("train_charlm", ["--source", source, *TINY], project, timeout_s=300)
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    assert "can carry a credential" in result.stderr and "~/.netrc" in result.stderr, output[-3000:]
-    assert "http://alice:***@127.0.0.1:" in result.stderr
-    assert_clean(output, "flow output")
+@pytest.fixture
+def refused(flow_services: str, monkeypatch, capfd):
+    """Run train-charlm's command line with `args` in `project`, on flow_services; check that
+    it exits 1 and that nothing it printed, no record of it and no file holds a credential.
+    Returns its error output (the failure line) and its records."""
 
-    records = prefect_records(project)
+    def run(args: list[str], project: Path, env: dict[str, str]) -> tuple[str, dict]:
+        env = {CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES), **env}  # as fails_naming does
+        capfd.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            run_in_process(
+                lambda: run_cli(train_charlm, args), project, flow_services, monkeypatch, env
+            )
+        output = capfd.readouterr()
+        assert exited.value.code == 1, output.err[-3000:]
+        assert_clean(output.out + output.err, "flow output")
+        # Refused before any task: every log line is this process's. Send them all now.
+        with contextlib.suppress(RuntimeError):  # none was logged to the API
+            APILogWorker.instance().drain()
+        records = flow_run_records(latest_flow_run(train_charlm.name).id)
+        assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
+        # MLflow's store, the artifact root, the API's database and the results Prefect kept
+        # (the failed state's exception) wherever its result storage is.
+        kept = [Path(key) for key in re.findall(r'"storage_key": "([^"]+)"', json.dumps(records))]
+        assert kept and all(p.is_file() for p in kept), f"Prefect's kept results: {kept}"
+        database = database_files(PREFECT_API_URL.value())
+        assert_no_file_holds_a_secret(project, *database, *kept)
+        return output.err, records
+
+    return run
+
+
+def test_flow_refuses_a_source_with_credentials_and_records_it_redacted(tmp_path, refused):
+    source = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}/missing.json?key={KEY}#frag"
+    stderr, records = refused(["--source", source, *TINY], tmp_path, {})
+    assert "can carry a credential" in stderr and "~/.netrc" in stderr, stderr[-3000:]
+    assert "http://alice:***@127.0.0.1:" in stderr
     [flow_run] = records["flow_runs"]
     assert flow_run["state"]["type"] == "FAILED"
     assert "can carry a credential" in flow_run["state"]["message"]
     assert flow_run["parameters"]["training"]["source"].startswith("http://alice:***@127.0.0.1:")
-    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
-    assert_no_file_holds_a_secret(project)  # MLflow's store and the artifact root included
 
 
 # docs/security.md "Credentials never go in a parameter": every error shows URIs redacted,
 # in the terminal and in Prefect.
-def test_tracking_uri_credentials_stay_out_of_the_error_text_and_its_records(tmp_path):
+def test_tracking_uri_credentials_stay_out_of_the_error_text_and_its_records(tmp_path, refused):
     """The error text names the tracking URI (its user:password@ included) and Prefect keeps
     it as the flow run's state message and in its logs."""
-    project = tmp_path / "project"
     uri = f"http://alice:{PASSWORD}@127.0.0.1:{closed_port()}"
-    result = run_flow("train_charlm", TINY, project, env={"MLFLOW_TRACKING_URI": uri})
-    output = result.stdout + result.stderr
-    assert result.returncode == 1, output[-3000:]
-    assert "MLflow tracking server http://alice:***@127.0.0.1:" in result.stderr, output[-3000:]
-    assert_clean(output, "flow output")
-    records = prefect_records(project)
+    stderr, records = refused(TINY, tmp_path, {"MLFLOW_TRACKING_URI": uri})
+    assert "MLflow tracking server http://alice:***@127.0.0.1:" in stderr, stderr[-3000:]
     [flow_run] = records["flow_runs"]
     assert flow_run["state"]["type"] == "FAILED"
     assert "MLflow tracking server http://alice:***@" in flow_run["state"]["message"]
     assert any("alice:***@" in log["message"] for log in records["logs"]), "the error was logged"
-    assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
-    assert_no_file_holds_a_secret(project)
 
 
 @pytest.fixture
