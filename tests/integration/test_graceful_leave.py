@@ -5,15 +5,16 @@ and resume there with the uninterrupted run's weights.
 
 The workers are real `dask worker` processes (one nanny and one worker process each) against
 a scheduler in this process, so that SIGTERM reaches a nanny the way a supervisor sends it. A
-worker that left is replaced by a fresh `dask worker`, as a pod or a job would be."""
+worker that left is replaced by a fresh `dask worker`, as a pod or a job would be. The flow
+runs in a thread of this process, against a Prefect API of this module's, and is read back
+through that API (its log, its artifacts)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,24 +26,30 @@ import pytest
 from ddpflow.cluster.build import local_cluster
 from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
 from ddpflow.distributed.supervision import cluster_workers
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from infra.dask_service import LOOPBACK_HTTP
 from infra.procs import Service, spawn, stop
 from infra.runtime import BIN, base_env
-from infra.services import free_port, start_prefect_server
 from tests.integration.charlm_runs import (
     EPOCHS,
-    TINY,
+    TINY_PARAMS,
     assert_same_metrics,
     assert_same_weights,
     final_weights,
-    finish,
     metric_points,
     process_gone,
     restart_rows,
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import REPO, project_env
+from tests.integration.conftest import (
+    REPO,
+    flow_run_logs,
+    migrated_prefect_db,
+    start_in_process,
+)
+from tests.integration.prefect_harness import prefect_api
 
 pytestmark = pytest.mark.integration
 CONTROL_EVERY = 20  # fit() reads a stop request every log_every_steps (20) steps
@@ -51,36 +58,29 @@ GONE_S = 40.0  # the grace period (25 s) and the close after it
 
 @pytest.fixture(scope="module")
 def scheduler(tmp_path_factory) -> Iterator[dict]:
-    """A Prefect server and a Dask scheduler without workers: each test starts its own
-    `dask worker` processes (`workers`)."""
-    home = tmp_path_factory.mktemp("prefect")
-    server = start_prefect_server(free_port(), home, home)
-    try:
-        env = {"PREFECT_API_URL": server.url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-        # tls=False: a tcp:// scheduler that `dask worker` processes and flows reach by address.
-        with local_cluster(0, tls=False) as lc, distributed.Client(lc) as client:
-            yield {
-                "client": client,
-                "address": lc.scheduler_address,
-                "env": {**env, "DDPFLOW_DASK_ADDRESS": lc.scheduler_address},
-                "worker_env": env,
-                "prefect_url": server.url,
-                "logs": home / "logs",
-            }
-    finally:
-        stop(server)
+    """A Prefect API (this process's) and a Dask scheduler without workers: each test starts
+    its own `dask worker` processes (`workers`)."""
+    logs = tmp_path_factory.mktemp("worker-logs")
+    # tls=False: a tcp:// scheduler that `dask worker` processes and flows reach by address.
+    with (
+        prefect_api(migrated_prefect_db()) as url,
+        local_cluster(0, tls=False) as lc,
+        distributed.Client(lc) as client,
+    ):
+        yield {
+            "client": client,
+            "address": lc.scheduler_address,
+            "worker_env": {"PREFECT_API_URL": url, "PREFECT_SERVER_ANALYTICS_ENABLED": "false"},
+            "prefect_url": url,
+            "logs": logs,
+        }
 
 
-def start_flow(project: Path, cluster: dict) -> subprocess.Popen[str]:
-    """`python -m flows.train_charlm` (the tiny training) in `project`, on the scheduler."""
-    project.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY],
-        cwd=project,
-        env={**project_env(project), **cluster["env"], "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+def start_flow(project: Path, cluster: dict, monkeypatch) -> concurrent.futures.Future:
+    """The tiny training in a thread of this process, on the scheduler."""
+    training = CharLMParams(**TINY_PARAMS)
+    return start_in_process(
+        train_charlm, project, cluster["address"], monkeypatch, training=training
     )
 
 
@@ -183,22 +183,19 @@ def leave_and_replace(workers: Workers, project: Path, epoch: int, leave: str) -
 # at each of those steps and ends with the uninterrupted run's weights and metrics. In the
 # second, rank 0 runs on the leaving worker: the process that is leaving writes the checkpoint.
 def test_retire_workers_and_sigterm_to_a_nanny_checkpoint_at_the_next_step_and_resume_there(
-    scheduler, workers, charlm_reference, charlm_reference_project, tmp_path
+    scheduler, workers, charlm_reference, charlm_reference_project, tmp_path, monkeypatch
 ):
     cluster = scheduler
-    proc = start_flow(tmp_path, cluster)  # defaults: no step checkpoint before the stops
-    try:
-        wait_for_checkpoint(tmp_path, 1, proc)
-        time.sleep(0.5)  # into epoch 2
-        retired, first = leave_and_replace(workers, tmp_path, 1, "retire")
-        wait_for_checkpoint(tmp_path, 2, proc)
-        time.sleep(0.5)  # into epoch 3
-        stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
-    except BaseException:
-        proc.kill()  # it would wait minutes for workers that this test no longer provides
-        raise
-    code, output = finish(proc)
-    assert code == 0, output[-4000:]
+    flow_run = start_flow(tmp_path, cluster, monkeypatch)  # no step checkpoint before the stops
+    wait_for_checkpoint(tmp_path, 1, flow_run)
+    time.sleep(0.5)  # into epoch 2
+    retired, first = leave_and_replace(workers, tmp_path, 1, "retire")
+    wait_for_checkpoint(tmp_path, 2, flow_run)
+    time.sleep(0.5)  # into epoch 3
+    stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
+    state = flow_run.result(timeout=300)
+    output = flow_run_logs(state.state_details.flow_run_id, "resuming at epoch 3/")
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     print(f"resumed at {resumes(output)} (epoch, step)")
     # fit() reads a stop request every log_every_steps (20) steps; each resume starts at the
     # step its stop checkpointed, so no step is redone.
