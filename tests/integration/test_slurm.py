@@ -1,12 +1,17 @@
 """DDPFLOW_CLUSTER=jobqueue on a real Slurm cluster (one node, see slurm_cluster.py): the
 flow submits its Dask workers as Slurm jobs and trains across them, and a worker job
-cancelled mid-run (scancel) is replaced by a new job and costs exactly one restart."""
+cancelled mid-run (scancel) is replaced by a new job and costs exactly one restart.
+
+The flow runs in a thread of this process (its jobqueue cluster's scheduler with it), against
+a Prefect API of the module's that the worker jobs reach too; its log is read back from it."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import importlib
 import json
 import re
-import subprocess
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -15,41 +20,58 @@ from pathlib import Path
 
 import pytest
 
-from infra.services import free_port, start_prefect_server, stop
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from tests.integration.charlm_runs import (
-    TINY,
+    TINY_PARAMS,
     assert_completed_once_with_one_restart,
-    finish,
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import REPO, project_env
+from tests.integration.conftest import (
+    REPO,
+    flow_run_logs,
+    migrated_prefect_db,
+    start_in_process,
+)
+from tests.integration.prefect_harness import prefect_api
 from tests.integration.slurm_cluster import Slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
+
+
+def _import_jobqueue_here() -> None:
+    """Import dask_jobqueue in the main thread, keeping pytest's Ctrl-C handler: importing
+    it sets a SIGINT handler, which only the main thread may do, and the flow (which imports
+    it to build its cluster) runs in another thread."""
+    handler = signal.getsignal(signal.SIGINT)
+    importlib.import_module("dask_jobqueue")
+    signal.signal(signal.SIGINT, handler)
+
+
+_import_jobqueue_here()
 JOBS_TIMEOUT_S = 120
 REGISTERED = re.compile(r"^(\S+ \S+) - distributed\.worker - INFO - +Registered to:", re.M)
 
 
 @pytest.fixture(scope="module")
-def prefect_api(tmp_path_factory) -> Iterator[str]:
+def api_url() -> Iterator[str]:
     """A Prefect server on 127.0.0.1: the flow's and the worker jobs' API, so task runs
-    started in a job report to the flow's server (a flow's ephemeral API is not handed to
-    workers of a batch queue)."""
-    home = tmp_path_factory.mktemp("prefect")
-    server = start_prefect_server(free_port(), home, home)
-    try:
-        yield server.url
-    finally:
-        stop(server)
+    started in a job report to the flow's server."""
+    with prefect_api(migrated_prefect_db()) as url:
+        yield url
 
 
 def job_name(project: Path) -> str:
     return f"ddpflow-{project.name}"[:60]
 
 
-def start_flow(project: Path, slurm: Slurm, api_url: str, *args: str) -> subprocess.Popen[str]:
-    """`python -m flows.train_charlm` on 2 workers, each one Slurm job of 1 core."""
+def start_flow(
+    project: Path, slurm: Slurm, api_url: str, monkeypatch, **overrides: object
+) -> concurrent.futures.Future:
+    """The tiny training (TINY_PARAMS with `overrides`) in a thread, on 2 workers, each one
+    Slurm job of 1 core. Slurm hands the jobs the environment they were submitted from,
+    PREFECT_API_URL included (a flow's ephemeral API is not handed to batch-queue workers)."""
     options = {
         "system": "slurm",
         "n_workers": 2,
@@ -65,24 +87,18 @@ def start_flow(project: Path, slurm: Slurm, api_url: str, *args: str) -> subproc
         "wait_for_workers_s": JOBS_TIMEOUT_S,
     }
     env = {
-        **project_env(project),
         "SLURM_CONF": str(slurm.conf),
         "PREFECT_API_URL": api_url,
         "DDPFLOW_CLUSTER": "jobqueue",
         "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options),
     }
-    project.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
-        cwd=project,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    training = CharLMParams(**{**TINY_PARAMS, **overrides})
+    return start_in_process(train_charlm, project, None, monkeypatch, env, training=training)
 
 
-def running_jobs(slurm: Slurm, project: Path, count: int, proc: subprocess.Popen) -> set[str]:
+def running_jobs(
+    slurm: Slurm, project: Path, count: int, flow_run: concurrent.futures.Future
+) -> set[str]:
     """Wait until `count` of the flow's worker jobs are RUNNING in Slurm; their ids."""
     deadline = time.monotonic() + JOBS_TIMEOUT_S
     while True:
@@ -90,9 +106,17 @@ def running_jobs(slurm: Slurm, project: Path, count: int, proc: subprocess.Popen
         running = {job for job, state in jobs.items() if state == "RUNNING"}
         if len(running) >= count:
             return running
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert not flow_run.done(), f"the flow ended first: {flow_run.result()}"
         assert time.monotonic() < deadline, f"jobs {jobs}, not {count} running"
         time.sleep(0.5)
+
+
+def finish(flow_run: concurrent.futures.Future, *expect: str) -> tuple[bool, str]:
+    """Whether the flow run completed, and its log once the lines in `expect` arrived."""
+    state = flow_run.result(timeout=600)
+    return state.is_completed(), f"{state}\n" + flow_run_logs(
+        state.state_details.flow_run_id, *expect
+    )
 
 
 def worker_logs(project: Path) -> dict[str, str]:
@@ -119,15 +143,14 @@ def assert_no_job_left(slurm: Slurm, project: Path) -> None:
     assert not jobs, jobs
 
 
-def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api, tmp_path):
-    proc = start_flow(tmp_path, slurm, prefect_api, "--epochs", "2")
+def test_train_charlm_on_two_slurm_worker_jobs(slurm, api_url, tmp_path, monkeypatch):
+    flow_run = start_flow(tmp_path, slurm, api_url, monkeypatch, epochs=2)
     try:
-        jobs = running_jobs(slurm, tmp_path, 2, proc)
-        code, output = finish(proc)
+        jobs = running_jobs(slurm, tmp_path, 2, flow_run)
+        completed, output = finish(flow_run, "world size")
     finally:
-        proc.kill()
-        slurm.cancel(job_name(tmp_path))
-    assert code == 0, output[-4000:]
+        slurm.cancel(job_name(tmp_path))  # a flow still running then fails without workers
+    assert completed, output[-4000:]
     assert re.search(r"world size +2 ranks", output), output[-3000:]
     _, run = the_run(tmp_path)
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
@@ -139,19 +162,20 @@ def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api, tmp_path):
     assert_no_job_left(slurm, tmp_path)
 
 
-def test_scancel_of_a_worker_job_is_replaced_and_costs_one_restart(slurm, prefect_api, tmp_path):
-    proc = start_flow(tmp_path, slurm, prefect_api)
+def test_scancel_of_a_worker_job_is_replaced_and_costs_one_restart(
+    slurm, api_url, tmp_path, monkeypatch
+):
+    flow_run = start_flow(tmp_path, slurm, api_url, monkeypatch)
     try:
-        first = running_jobs(slurm, tmp_path, 2, proc)
-        wait_for_checkpoint(tmp_path, 1, proc)
+        first = running_jobs(slurm, tmp_path, 2, flow_run)
+        wait_for_checkpoint(tmp_path, 1, flow_run)
         victim = min(first, key=int)
         slurm.run("scancel", victim)
         cancelled_at = datetime.now()
-        code, output = finish(proc)
+        completed, output = finish(flow_run)
     finally:
-        proc.kill()
         slurm.cancel(job_name(tmp_path))
-    assert code == 0, output[-4000:]
+    assert completed, output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     _, run = the_run(tmp_path)
     assert run.data.params["world_size"] == "2"
