@@ -218,6 +218,15 @@ def start_in_process(
     return future
 
 
+def finish_in_process(
+    flow_run: concurrent.futures.Future[Any], *expect: str, timeout_s: float = 600
+) -> tuple[Any, str]:
+    """A flow run started by start_in_process: its final state, and its log (flow_run_logs)
+    once the lines in `expect` have arrived."""
+    state = flow_run.result(timeout=timeout_s)
+    return state, flow_run_logs(state.state_details.flow_run_id, *expect)
+
+
 @pytest.fixture(scope="module")
 def moto(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[str]:
     """A moto S3 server for the module, with the bucket its BUCKET constant names."""

@@ -46,30 +46,38 @@ def database_files(api_url: str) -> list[Path]:
 def prefect_api(template: Path, startup_timeout_s: float = 180) -> Iterator[str]:
     """A Prefect server on a copy of `template` (a migrated database), as this process's API
     while the block runs; yields its API URL."""
-    from prefect.context import _temporary_global_settings_context, get_settings_context
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
     home = Path(tempfile.mkdtemp(prefix="ddpflow-test-prefect-"))
     shutil.copyfile(template, home / "prefect.db")
     env = {**server_env(), "PREFECT_HOME": str(home)}
     for name in DATABASE_URL_VARIABLES:
         env.pop(name, None)
     port, server = start_server(env)
+    url = f"http://127.0.0.1:{port}/api"
     try:
-        url = f"http://127.0.0.1:{port}/api"
         wait_healthy(f"{url}/health", server, startup_timeout_s)
         _HOMES[url] = home
-        with (
-            temporary_settings({PREFECT_API_URL: url}),
-            _temporary_global_settings_context(get_settings_context()),
-        ):
+        with api_of_this_process(url):
             yield url
-            with contextlib.suppress(RuntimeError):  # no log worker was started
-                APILogWorker.instance().drain()
-            EventsWorker.drain_all()
     finally:
-        _HOMES.pop(f"http://127.0.0.1:{port}/api", None)
+        _HOMES.pop(url, None)
         stop_server(server, STOP_TIMEOUT_S)
         shutil.rmtree(home, ignore_errors=True)
+
+
+@contextmanager
+def api_of_this_process(url: str) -> Iterator[str]:
+    """The Prefect API at `url` (a server running elsewhere) as this process's while the
+    block runs; the flows' last logs and events are sent to it before the block ends."""
+    from prefect.context import _temporary_global_settings_context, get_settings_context
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with (
+        temporary_settings({PREFECT_API_URL: url}),
+        _temporary_global_settings_context(get_settings_context()),
+    ):
+        yield url
+        with contextlib.suppress(RuntimeError):  # no log worker was started
+            APILogWorker.instance().drain()
+        EventsWorker.drain_all()

@@ -47,7 +47,7 @@ from tests.integration.charlm_runs import (
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import flow_run_logs, start_in_process
+from tests.integration.conftest import finish_in_process, start_in_process
 
 pytestmark = pytest.mark.integration
 TRAINED = "ddpflow: pet-name model trained"  # the flow's summary, its last log line
@@ -96,12 +96,6 @@ def start(flow_services, cluster, monkeypatch):
         return start_in_process(train_charlm, project, address, monkeypatch, env, training=training)
 
     return start
-
-
-def finish(flow_run: concurrent.futures.Future, *expect: str) -> tuple[Any, str]:
-    """The flow run's final state and its log, once the lines in `expect` have arrived."""
-    state = flow_run.result(timeout=600)
-    return state, flow_run_logs(state.state_details.flow_run_id, *expect)
 
 
 def prefect_url() -> str:
@@ -154,7 +148,7 @@ def test_sigkill_of_a_worker_costs_one_restart_and_resumes_exactly(
     flow_run = start(tmp_path)
     wait_for_checkpoint(tmp_path, 1, flow_run)
     os.kill(a_worker_pid(cluster), signal.SIGKILL)
-    state, output = finish(flow_run, "resuming", TRAINED)
+    state, output = finish_in_process(flow_run, "resuming", TRAINED)
     assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     assert 1 <= resumed_after_epoch(output) < EPOCHS, "the kill came mid-run"
@@ -205,7 +199,7 @@ def test_a_kill_mid_epoch_resumes_from_the_last_step_checkpoint_exactly(
     wait_for_checkpoint(tmp_path, 1, flow_run, step=True)  # inside epoch 2
     time.sleep(0.15)  # a few steps (30-60 ms each here) past the checkpoint: redone
     os.kill(a_worker_pid(cluster), signal.SIGKILL)
-    state, output = finish(flow_run, "resuming", TRAINED)
+    state, output = finish_in_process(flow_run, "resuming", TRAINED)
     assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     epoch, step, steps_per_epoch = resumed_inside_epoch(output)
@@ -235,7 +229,7 @@ def test_sigterm_to_a_worker_checkpoints_at_the_next_step_and_resumes_there(
     os.kill(pid, signal.SIGTERM)
     assert process_gone(pid, graceful_stop.DEFAULT_GRACE_S + 5), "the worker did not exit"
     print(f"the worker exited {time.monotonic() - sent:.1f} s after SIGTERM")
-    state, output = finish(flow_run, "resuming", TRAINED)
+    state, output = finish_in_process(flow_run, "resuming", TRAINED)
     assert state.is_completed(), output[-4000:]
     assert_completed_once_with_one_restart(tmp_path, output)
     cause, _ = assert_restart_recorded(tmp_path)
@@ -261,7 +255,7 @@ def test_a_hung_worker_is_detected_by_timeout_and_restarted(
     address, pid = worker(cluster, 0)
     os.kill(pid, signal.SIGSTOP)
     try:
-        state, output = finish(flow_run, "resuming", TRAINED)
+        state, output = finish_in_process(flow_run, "resuming", TRAINED)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)  # in case the nanny did not kill it
@@ -300,7 +294,7 @@ def test_a_killed_worker_costs_a_one_rank_run_one_restart(start, cluster, tmp_pa
     # The rank runs on one of the two workers; kill that one.
     busy = [a for a, n in cluster.processing().items() if n]
     os.kill(pids[busy[0]] if busy else a_worker_pid(cluster), signal.SIGKILL)
-    state, output = finish(flow_run, TRAINED)
+    state, output = finish_in_process(flow_run, TRAINED)
     assert state.is_completed(), output[-4000:]
     _, run = the_run(tmp_path)
     assert run.data.tags["ddpflow.restarts"] == "1", output[-3000:]
@@ -360,7 +354,7 @@ def test_a_worker_that_does_not_come_back_leaves_the_run_to_the_others(start, tm
         (nanny,) = [n for n in lc.workers.values() if n.worker_address == address]
         nanny.close_gracefully()  # it will not start a new worker process
         os.kill(pid, signal.SIGKILL)
-        state, output = finish(flow_run, "resuming", TRAINED)
+        state, output = finish_in_process(flow_run, "resuming", TRAINED)
     assert state.is_completed(), output[-4000:]
     assert resumed_after_epoch(output) == 1
     _, run = the_run(tmp_path)
@@ -386,7 +380,7 @@ def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(start, t
         "DDPFLOW_GROW_SETTLE_S": "2",
     }
     flow_run = start(tmp_path, None, env, epochs=6, world_size=2, max_workers=3)
-    state, output = finish(flow_run, "world size 2 -> 3", TRAINED)
+    state, output = finish_in_process(flow_run, "world size 2 -> 3", TRAINED)
     assert state.is_completed(), output[-4000:]
     assert "max_workers=3: scaled the cluster to 3 workers" in output
     line = re.search(r"world size 2 -> 3 \(joined: (tcp|tls)://127\.0\.0\.1:\d+\)", output)

@@ -45,7 +45,7 @@ from tests.integration.charlm_runs import (
 )
 from tests.integration.conftest import (
     REPO,
-    flow_run_logs,
+    finish_in_process,
     migrated_prefect_db,
     start_in_process,
 )
@@ -193,8 +193,7 @@ def test_retire_workers_and_sigterm_to_a_nanny_checkpoint_at_the_next_step_and_r
     wait_for_checkpoint(tmp_path, 2, flow_run)
     time.sleep(0.5)  # into epoch 3
     stopped, second = leave_and_replace(workers, tmp_path, 2, "sigterm")
-    state = flow_run.result(timeout=300)
-    output = flow_run_logs(state.state_details.flow_run_id, "resuming at epoch 3/")
+    state, output = finish_in_process(flow_run, "resuming at epoch 3/", timeout_s=300)
     assert state.is_completed(), f"{state}\n{output[-4000:]}"
     print(f"resumed at {resumes(output)} (epoch, step)")
     # fit() reads a stop request every log_every_steps (20) steps; each resume starts at the

@@ -1,12 +1,15 @@
 """DDP across hosts: network namespaces on a bridge, one Dask worker per host.
 
 The cluster, its servers and what each host runs are described in infra/netns_cluster.py.
-Every flow runs as a user's would, on the head node, with the servers' bridge addresses in its
-environment and nothing on the workers but the S3 keys.
+Every flow runs on the head node (the root namespace) with the servers' bridge addresses in
+its environment and nothing on the workers but the S3 keys: in a thread of this process, with
+the cluster's Prefect server as this process's API, and as a user runs it (`python -m
+flows.train_charlm`) where what is tested is that command's own embedded Prefect API.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -25,16 +28,28 @@ import ddpflow
 from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.distributed.launcher import RANK_KEY_PREFIX
 from ddpflow.workloads.vision.digits import write_digits
+from flows.cli import run_cli
+from flows.params import CharLMParams, ImageParams
+from flows.train_charlm import train_charlm
+from flows.train_images import train_images
 from infra import netns
 from tests.integration.charlm_runs import (
     EPOCHS,
     TINY,
+    TINY_PARAMS,
     assert_same_weights,
     final_weights,
     finish,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import REPO, project_env, run_flow
+from tests.integration.conftest import (
+    REPO,
+    finish_in_process,
+    latest_flow_run,
+    project_env,
+    run_in_process,
+    start_in_process,
+)
 from tests.integration.grow_functions import EPOCHS as GROW_EPOCHS
 from tests.integration.grow_functions import SAMPLES, recorded_fit, samples_by_epoch
 from tests.integration.multihost import (
@@ -43,12 +58,13 @@ from tests.integration.multihost import (
     loopback_forwarder,
     multihost_cluster,
 )
+from tests.integration.prefect_harness import api_of_this_process
 from tests.integration.rank_functions import advertise_loopback_once, started_at, stuck_once
 from tests.integration.s3_servers import s3_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]
 # A cut-off host's rank makes rank 0's collective wait this long before the group fails.
-RANK_TIMEOUT = ["--rank-timeout-s", "20"]
+RANK_TIMEOUT_S = 20.0
 
 
 @pytest.fixture(scope="module")
@@ -64,19 +80,34 @@ def multi(tmp_path_factory) -> Iterator[MultiHost]:
 
 @pytest.fixture
 def restored(multi) -> Iterator[MultiHost]:
-    """Each test starts with every host connected and both workers registered."""
+    """Each test starts with every host connected and both workers registered; the cluster's
+    Prefect server is this process's API meanwhile."""
     multi.restore()
-    yield multi
+    with api_of_this_process(multi.prefect_url):
+        yield multi
     multi.restore()
 
 
 def start_flow(
-    multi: MultiHost, project: Path, *args: str, env: dict[str, str] | None = None
+    multi: MultiHost, project: Path, monkeypatch, env: dict[str, str] | None = None, **overrides
+) -> concurrent.futures.Future:
+    """The tiny training (TINY_PARAMS with `overrides`) in a thread, on the cluster."""
+    full_env = {**multi.flow_env(str(project / "artifacts")), **(env or {})}
+    training = CharLMParams(**{**TINY_PARAMS, **overrides})
+    address = multi.scheduler_address
+    return start_in_process(
+        train_charlm, project, address, monkeypatch, full_env, training=training
+    )
+
+
+def start_command(
+    multi: MultiHost, project: Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
+    """`python -m flows.train_charlm` with the tiny arguments, as a user on the head node."""
     project.mkdir(parents=True, exist_ok=True)
     full_env = {**project_env(project), **multi.flow_env(str(project / "artifacts"))}
     return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY, *args],
+        [sys.executable, "-m", "flows.train_charlm", *TINY],
         cwd=project,
         env={**full_env, **(env or {}), "PYTHONPATH": str(REPO)},
         stdout=subprocess.PIPE,
@@ -106,35 +137,42 @@ def assert_one_run_one_restart(multi: MultiHost, project: Path, output: str) -> 
     return run.data.tags
 
 
-def test_two_ranks_on_two_hosts_equal_two_ranks_on_one_host(restored, charlm_reference, tmp_path):
+def test_two_ranks_on_two_hosts_equal_two_ranks_on_one_host(
+    restored, charlm_reference, tmp_path, monkeypatch
+):
     with restored.client() as client:
         hosts = {restored.worker_on(client, h) for h in ("a", "b")}
     assert len(hosts) == 2, "one worker on each host"
-    code, output = finish(start_flow(restored, tmp_path), timeout_s=400)
-    assert code == 0, output[-4000:]
+    flow_run = start_flow(restored, tmp_path, monkeypatch)
+    state, output = finish_in_process(flow_run, "world size ", timeout_s=400)
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     assert "world size         2 ranks" in output
     assert_same_weights(final_weights(tmp_path), charlm_reference)
 
 
-def partition_after_epoch_1(multi: MultiHost, project: Path, proc, host: str) -> None:
-    wait_for_checkpoint(project, 1, proc, timeout_s=300)
+def partition_after_epoch_1(
+    multi: MultiHost, project: Path, flow_run: concurrent.futures.Future, host: str
+) -> None:
+    wait_for_checkpoint(project, 1, flow_run, timeout_s=300)
     multi.hosts.partition(host)
 
 
-def test_a_host_cut_off_mid_run_costs_one_restart_and_is_used_again(restored, tmp_path):
+def test_a_host_cut_off_mid_run_costs_one_restart_and_is_used_again(
+    restored, tmp_path, monkeypatch
+):
     """Host b's link goes down in epoch 2 for longer than Dask's 30 s TCP timeout, so its
     worker is dropped and exits; when the link is back its supervisor starts it again and
     the run resumes from the latest checkpoint on both hosts."""
-    proc = start_flow(restored, tmp_path, *RANK_TIMEOUT)
-    partition_after_epoch_1(restored, tmp_path, proc, "b")
+    flow_run = start_flow(restored, tmp_path, monkeypatch, rank_timeout_s=RANK_TIMEOUT_S)
+    partition_after_epoch_1(restored, tmp_path, flow_run, "b")
     cut_at = time.monotonic()
     reconnect = threading.Timer(40, restored.hosts.reconnect, ("b",))
     reconnect.start()
     try:
-        code, output = finish(proc, timeout_s=400)
+        state, output = finish_in_process(flow_run, "resuming after epoch ", timeout_s=400)
     finally:
         reconnect.cancel()
-    assert code == 0, output[-4000:]
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     tags = assert_one_run_one_restart(restored, tmp_path, output)
     assert time.monotonic() - cut_at > 40, "the run waited for the host instead of going on"
     assert "resuming after epoch " in output
@@ -145,14 +183,16 @@ def test_a_host_cut_off_mid_run_costs_one_restart_and_is_used_again(restored, tm
     assert_ranks_after_restart(restored, 2)
 
 
-def test_a_host_that_stays_away_leaves_the_run_to_the_others(restored, tmp_path):
+def test_a_host_that_stays_away_leaves_the_run_to_the_others(restored, tmp_path, monkeypatch):
     """With min_workers=1, a host that does not come back within the heal timeout is given
     up: the run finishes on the host that is left."""
     heal = {"DDPFLOW_HEAL_TIMEOUT_S": "30"}
-    proc = start_flow(restored, tmp_path, *RANK_TIMEOUT, "--min-workers", "1", env=heal)
-    partition_after_epoch_1(restored, tmp_path, proc, "b")
-    code, output = finish(proc, timeout_s=400)
-    assert code == 0, output[-4000:]
+    flow_run = start_flow(
+        restored, tmp_path, monkeypatch, heal, rank_timeout_s=RANK_TIMEOUT_S, min_workers=1
+    )
+    partition_after_epoch_1(restored, tmp_path, flow_run, "b")
+    state, output = finish_in_process(flow_run, timeout_s=400)
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     assert_one_run_one_restart(restored, tmp_path, output)
     assert_ranks_after_restart(restored, 1)
 
@@ -202,13 +242,16 @@ def test_the_image_flow_on_two_hosts_with_an_s3_artifact_root(restored, tmp_path
     for key, value in s3_env(restored.s3_endpoint).items():
         monkeypatch.setenv(key, value)
     write_digits(f"{root}/data/digits")  # the flow's default source under its artifact root
-    args = [
-        "--arch", "resnet18", "--weights", "none", "--image-size", "32", "--epochs", "1",
-        "--batch-size", "32", "--world-size", "2", "--keep-last", "1",
-    ]  # fmt: skip
-    result = run_flow("train_images", args, tmp_path, timeout_s=480, env=restored.flow_env(root))
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
+    training = ImageParams(
+        arch="resnet18", weights="none", image_size=32, epochs=1, batch_size=32, world_size=2,
+        keep_last=1,
+    )  # fmt: skip
+    address = restored.scheduler_address
+    state = run_in_process(
+        train_images, tmp_path, address, monkeypatch, restored.flow_env(root),
+        training=training, return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state
     client = MlflowClient(restored.mlflow_url)
     experiment = client.get_experiment_by_name("ddpflow-images")
     (run,) = client.search_runs([experiment.experiment_id])
@@ -227,19 +270,29 @@ def assert_stopped_in_preflight(multi: MultiHost, project: Path, output: str, co
 
 
 def test_an_embedded_api_with_workers_on_other_hosts_stops_in_preflight(restored, tmp_path):
-    """No PREFECT_API_URL: the flow's embedded API listens on the head node's 127.0.0.1."""
-    proc = start_flow(restored, tmp_path, env={"PREFECT_API_URL": ""})
+    """No PREFECT_API_URL: the flow's embedded API (what the command starts) listens on the
+    head node's 127.0.0.1."""
+    proc = start_command(restored, tmp_path, env={"PREFECT_API_URL": ""})
     code, output = finish(proc, timeout_s=300)
     assert_stopped_in_preflight(restored, tmp_path, output, code)
     assert "2 of 2 Dask workers cannot reach the flow's embedded Prefect API" in output
     assert "prefect server start" in output
 
 
-def test_an_mlflow_url_only_the_head_node_reaches_stops_in_preflight(restored, tmp_path):
+def test_an_mlflow_url_only_the_head_node_reaches_stops_in_preflight(
+    restored, tmp_path, monkeypatch, capsys
+):
+    """Through the command line's own code (flows.cli.run_cli), in this process."""
     with loopback_forwarder(restored.mlflow_url) as local_url:
-        proc = start_flow(restored, tmp_path, env={"MLFLOW_TRACKING_URI": local_url})
-        code, output = finish(proc, timeout_s=300)
-    assert_stopped_in_preflight(restored, tmp_path, output, code)
+        env = {**restored.flow_env(str(tmp_path / "artifacts")), "MLFLOW_TRACKING_URI": local_url}
+        address = restored.scheduler_address
+        with pytest.raises(SystemExit) as exited:
+            run_in_process(lambda: run_cli(train_charlm, TINY), tmp_path, address, monkeypatch, env)
+    captured = capsys.readouterr()
+    # The failure line, and the flow run's state as Prefect recorded it (the error's type).
+    recorded = latest_flow_run(train_charlm.name).state.message
+    output = f"{captured.out}{captured.err}\n{recorded}"
+    assert_stopped_in_preflight(restored, tmp_path, output, exited.value.code)
     assert f"2 of 2 Dask workers cannot reach MLflow tracking server {local_url}" in output
 
 

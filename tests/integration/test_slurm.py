@@ -30,7 +30,7 @@ from tests.integration.charlm_runs import (
 )
 from tests.integration.conftest import (
     REPO,
-    flow_run_logs,
+    finish_in_process,
     migrated_prefect_db,
     start_in_process,
 )
@@ -111,14 +111,6 @@ def running_jobs(
         time.sleep(0.5)
 
 
-def finish(flow_run: concurrent.futures.Future, *expect: str) -> tuple[bool, str]:
-    """Whether the flow run completed, and its log once the lines in `expect` arrived."""
-    state = flow_run.result(timeout=600)
-    return state.is_completed(), f"{state}\n" + flow_run_logs(
-        state.state_details.flow_run_id, *expect
-    )
-
-
 def worker_logs(project: Path) -> dict[str, str]:
     """Job id -> the stderr of the Dask worker that Slurm ran for that job."""
     logs = (project / "slurm-logs").glob(f"{job_name(project)}-*.err")
@@ -147,10 +139,10 @@ def test_train_charlm_on_two_slurm_worker_jobs(slurm, api_url, tmp_path, monkeyp
     flow_run = start_flow(tmp_path, slurm, api_url, monkeypatch, epochs=2)
     try:
         jobs = running_jobs(slurm, tmp_path, 2, flow_run)
-        completed, output = finish(flow_run, "world size")
+        state, output = finish_in_process(flow_run, "world size")
     finally:
         slurm.cancel(job_name(tmp_path))  # a flow still running then fails without workers
-    assert completed, output[-4000:]
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     assert re.search(r"world size +2 ranks", output), output[-3000:]
     _, run = the_run(tmp_path)
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
@@ -172,10 +164,10 @@ def test_scancel_of_a_worker_job_is_replaced_and_costs_one_restart(
         victim = min(first, key=int)
         slurm.run("scancel", victim)
         cancelled_at = datetime.now()
-        completed, output = finish(flow_run)
+        state, output = finish_in_process(flow_run)
     finally:
         slurm.cancel(job_name(tmp_path))
-    assert completed, output[-4000:]
+    assert state.is_completed(), f"{state}\n{output[-4000:]}"
     assert_completed_once_with_one_restart(tmp_path, output)
     _, run = the_run(tmp_path)
     assert run.data.params["world_size"] == "2"
