@@ -1,22 +1,33 @@
 """Service outages mid-training, for real: the S3 store (a moto server) paused for a minute
 while a checkpoint is written, and the Prefect server stopped and restarted while a flow runs
-against it. Both runs must complete. One tiny training per outage, shared by its tests."""
+against it. Both runs must complete. One tiny training per outage, shared by its tests.
+
+Each flow runs in a thread of this process, on a LocalCluster of its own whose workers get
+the environment a user's workers would (the S3 keys; the Prefect API and the client retries
+the command line sets). What the flow logs is read back from its Prefect API; what ddpflow
+logs in the workers (the checkpoint write's retries) is kept there (worker_logs)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import distributed
 import pytest
 from mlflow.tracking import MlflowClient
+from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
+from ddpflow.cluster.build import local_cluster
+from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from infra.services import (
     Service,
     create_bucket,
@@ -26,8 +37,15 @@ from infra.services import (
     stop,
 )
 from tests.integration import prefect_api
-from tests.integration.charlm_runs import EPOCHS, TINY, finish, wait_for_checkpoint
-from tests.integration.conftest import REPO, project_env, project_tracking
+from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
+from tests.integration.conftest import (
+    finish_in_process,
+    migrated_prefect_db,
+    project_tracking,
+    start_in_process,
+)
+from tests.integration.prefect_harness import api_of_this_process
+from tests.integration.prefect_harness import prefect_api as module_api
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
@@ -35,6 +53,7 @@ from tests.integration.s3_servers import (
     mlflow_server,
     s3_env,
 )
+from tests.integration.worker_logs import keep_worker_logs, worker_log
 
 pytestmark = pytest.mark.integration
 BUCKET = "ddpflow-outage"
@@ -43,24 +62,37 @@ S3_OUTAGE_S = 60.0
 PREFECT_OUTAGE_S = 60.0
 
 
-def start_flow(project: Path, env: dict[str, str]) -> subprocess.Popen[str]:
-    """`python -m flows.train_charlm` with the tiny arguments, in its own project folder."""
-    project.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *TINY],
-        cwd=project,
-        env={**project_env(project), **env, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+@contextmanager
+def flow_on_its_cluster(
+    project: Path, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[concurrent.futures.Future, distributed.Client]]:
+    """The tiny training in a thread, on a 2-worker LocalCluster whose workers run with
+    `env` (the flow gets it too) and keep what ddpflow logs; yields the flow run's future and
+    a client of the cluster, which stops once the flow run is over."""
+    with (
+        local_cluster(2, env=env, tls=False) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        client.wait_for_workers(2, timeout=120)
+        keep_worker_logs(client)
+        training = CharLMParams(**TINY_PARAMS)
+        address = cluster.scheduler_address
+        flow_run = start_in_process(
+            train_charlm, project, address, monkeypatch, env, training=training
+        )
+        try:
+            yield flow_run, client
+        finally:
+            concurrent.futures.wait([flow_run], timeout=600)
 
 
-def wait_for_first_metric(client: MlflowClient, proc: subprocess.Popen, timeout_s=300) -> str:
+def wait_for_first_metric(
+    client: MlflowClient, flow_run: concurrent.futures.Future, timeout_s=300
+) -> str:
     """The training's run id, once it logged its first training step (mid-epoch 1)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert not flow_run.done(), f"the flow ended first: {flow_run.result()}"
         experiment = client.get_experiment_by_name("ddpflow-charlm")
         runs = client.search_runs([experiment.experiment_id]) if experiment else []
         if runs and client.get_metric_history(runs[0].info.run_id, "train_loss"):
@@ -87,43 +119,52 @@ def s3_outage(moto_service, tmp_path_factory) -> Iterator[dict]:
     its data and its listening socket: connections are accepted, nothing answers) from the
     first training step, before epoch 1's checkpoint, for S3_OUTAGE_S, then resumed."""
     logs, moto = tmp_path_factory.mktemp("outage-mlflow"), moto_service.url
-    with mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server:
+    with (
+        pytest.MonkeyPatch.context() as monkeypatch,
+        module_api(migrated_prefect_db()),
+        mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server,
+    ):
         env = {
             **s3_env(moto),
             "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
             "MLFLOW_TRACKING_URI": server.url,
         }
         started = time.monotonic()
-        proc = start_flow(tmp_path_factory.mktemp("s3-outage"), env)
-        client = MlflowClient(server.url)
-        try:
-            run_id = wait_for_first_metric(client, proc)
-            os.kill(moto_service.pid, signal.SIGSTOP)
-            paused_at = time.monotonic()
-            time.sleep(S3_OUTAGE_S)
-        finally:
-            os.kill(moto_service.pid, signal.SIGCONT)
-        returncode, output = finish(proc, timeout_s=600)
-        retried = [line for line in output.splitlines() if "checkpoint write to" in line]
-        epochs = [line for line in output.splitlines() if "/3 done" in line]
-        print(
-            f"S3 paused {S3_OUTAGE_S:g} s from {paused_at - started:.0f} s; run took "
-            f"{time.monotonic() - started:.0f} s",
-            *retried,
-            *epochs,
-            sep="\n",
-        )
-        yield {
-            "returncode": returncode,
-            "output": output,
-            "run_id": run_id,
-            "keys": list_keys(moto, BUCKET),
-            "checkpoints_in_mlflow": [a.path for a in client.list_artifacts(run_id, "checkpoints")],
-        }
+        project = tmp_path_factory.mktemp("s3-outage")
+        with flow_on_its_cluster(project, env, monkeypatch) as (flow_run, workers):
+            client = MlflowClient(server.url)
+            try:
+                run_id = wait_for_first_metric(client, flow_run)
+                os.kill(moto_service.pid, signal.SIGSTOP)
+                paused_at = time.monotonic()
+                time.sleep(S3_OUTAGE_S)
+            finally:
+                os.kill(moto_service.pid, signal.SIGCONT)
+            state, flow_log = finish_in_process(flow_run, "/3 done")
+            output = f"{state}\n{flow_log}\n{worker_log(workers)}"
+            result = {
+                "completed": state.is_completed(),
+                "output": output,
+                "run_id": run_id,
+                "keys": list_keys(moto, BUCKET),
+                "checkpoints_in_mlflow": [
+                    a.path for a in client.list_artifacts(run_id, "checkpoints")
+                ],
+            }
+    retried = [line for line in output.splitlines() if "checkpoint write to" in line]
+    epochs = [line for line in output.splitlines() if "/3 done" in line]
+    print(
+        f"S3 paused {S3_OUTAGE_S:g} s from {paused_at - started:.0f} s; run took "
+        f"{time.monotonic() - started:.0f} s",
+        *retried,
+        *epochs,
+        sep="\n",
+    )
+    yield result
 
 
 def test_the_run_survives_a_minute_without_s3(s3_outage):
-    assert s3_outage["returncode"] == 0, s3_outage["output"][-5000:]
+    assert s3_outage["completed"], s3_outage["output"][-5000:]
     prefix = f"artifacts/runs/{s3_outage['run_id']}/checkpoints"
     keys = set(s3_outage["keys"])
     assert {f"{prefix}/epoch-{e:04d}.pt" for e in range(1, EPOCHS + 1)} <= keys
@@ -151,26 +192,32 @@ def test_no_credential_in_the_output_of_a_retried_run(s3_outage):
 @pytest.fixture(scope="module")
 def prefect_restart(tmp_path_factory) -> Iterator[dict]:
     """A flow against a real Prefect server, which is stopped once epoch 1's checkpoint
-    exists and started again PREFECT_OUTAGE_S later on the same port and database."""
+    exists and started again PREFECT_OUTAGE_S later on the same port and database. The flow
+    and its workers retry the API as the command line has them do (flows.cli)."""
     home = tmp_path_factory.mktemp("prefect-restart")
     port = free_port()
     server = start_prefect_server(port, home, home)
-    env = {"PREFECT_API_URL": server.url}
+    env = {"PREFECT_API_URL": server.url, CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES)}
     project = tmp_path_factory.mktemp("prefect-restart-project")
     try:
-        proc = start_flow(project, env)
-        wait_for_checkpoint(project, 1, proc)
-        stop(server)
-        stopped_at = time.monotonic()
-        time.sleep(PREFECT_OUTAGE_S)
-        server = start_prefect_server(port, home, home)
-        back_after_s = time.monotonic() - stopped_at
-        returncode, output = finish(proc, timeout_s=600)
+        with (
+            pytest.MonkeyPatch.context() as monkeypatch,
+            api_of_this_process(server.url),
+            temporary_settings({PREFECT_CLIENT_MAX_RETRIES: CLIENT_MAX_RETRIES}),
+            flow_on_its_cluster(project, env, monkeypatch) as (flow_run, _),
+        ):
+            wait_for_checkpoint(project, 1, flow_run)
+            stop(server)
+            stopped_at = time.monotonic()
+            time.sleep(PREFECT_OUTAGE_S)
+            server = start_prefect_server(port, home, home)
+            back_after_s = time.monotonic() - stopped_at
+            state, output = finish_in_process(flow_run)
         _, run = the_only_run(project)
         flow_run_id = run.data.tags["prefect.flow_run_id"]
         yield {
-            "returncode": returncode,
-            "output": output,
+            "completed": state.is_completed(),
+            "output": f"{state}\n{output}",
             "flow_run": prefect_api.flow_run(env, flow_run_id),
             "project": project,
             "back_after_s": back_after_s,
@@ -188,7 +235,7 @@ def the_only_run(project: Path):
 
 
 def test_the_flow_run_completes_across_a_prefect_server_restart(prefect_restart):
-    assert prefect_restart["returncode"] == 0, prefect_restart["output"][-5000:]
+    assert prefect_restart["completed"], prefect_restart["output"][-5000:]
     assert prefect_restart["flow_run"]["state"]["type"] == "COMPLETED", json.dumps(
         prefect_restart["flow_run"]["state"]
     )
