@@ -1,42 +1,61 @@
 """An MLflow outage during a training loses nothing, or says exactly what is missing.
 
-Real processes: the pet-name flow as a user runs it (`python -m flows.train_charlm`, its own
-Dask LocalCluster) against a real MLflow tracking server (SQLite store, artifacts in a
-folder), which the test stops and starts again on the same store and port.
+Real processes: a real MLflow tracking server (SQLite store, artifacts in a folder), which
+the test stops and starts again on the same store and port; the pet-name flow against it.
+
+The flow runs in a thread of the test's own process (start_in_process), on a Prefect API
+server the module shares (prefect_api) and on a 2-worker Dask LocalCluster of each test's
+own: the settings under test (DDPFLOW_TRACKING_SPOOL_MB, DDPFLOW_TRACKING_FLUSH_TIMEOUT_S,
+MLFLOW_HTTP_REQUEST_MAX_RETRIES) are read where rank 0's MLflow logger and its spool run,
+in a worker process, so each test starts its workers with its own environment (the flow
+gets it too). A `python -m flows.train_charlm` run per test would start its own Prefect
+server and cluster and import everything again: about 15-20 CPU-seconds each. What the
+flow logs the test reads back from the API; what the spool logs in the worker process
+(never sent to Prefect), the test collects there (tests/integration/worker_logs.py).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
-import subprocess
-import sys
+import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import distributed
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow.cluster.build import local_cluster
 from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from ddpflow.training.batching import epoch_batches
+from flows.params import CharLMParams
+from flows.train_charlm import train_charlm
 from infra.services import Service, free_port, start_mlflow, stop
-from tests.integration.charlm_runs import EPOCHS, TINY, small_corpus, wait_for_checkpoint
+from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, small_corpus, wait_for_checkpoint
 from tests.integration.conftest import (
-    REPO,
-    prefect_records,
-    project_env,
-    run_flow,
-    tiny_charlm,
+    flow_run_logs,
+    flow_run_records,
+    migrated_mlflow_db,
+    migrated_prefect_db,
+    start_in_process,
+    tiny_charlm_params,
 )
+from tests.integration.prefect_harness import prefect_api
+from tests.integration.worker_logs import keep_worker_logs, worker_log
 
 pytestmark = pytest.mark.integration
 # Two minutes: twice the 60 s after which the old logger dropped what was queued.
 OUTAGE_S = 120
 # The fault tests' tiny training: epochs 2 and 3 (about 3 s each) run while MLflow is down,
 # and the end of training then waits for it on disk (what a long outage looks like).
-OUTAGE_RUN = TINY
+OUTAGE_RUN = TINY_PARAMS
 ARTIFACT_KEY = "charlm-tracking-incomplete"
+SPOOL_LOGGER = "ddpflow.tracking.spool"
 
 
 class MlflowServer:
@@ -82,18 +101,41 @@ def mlflow_server(tmp_path) -> Iterator[MlflowServer]:
         server.stop()
 
 
-def start_flow(project: Path, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
-    """The flow in the background, its output in project/flow.log (a pipe could fill up)."""
+@pytest.fixture(scope="module")
+def prefect_server() -> Iterator[str]:
+    """A Prefect API server for the module's flow runs (this process's API meanwhile)."""
+    with prefect_api(migrated_prefect_db()) as url:
+        yield url
+
+
+@contextmanager
+def cluster_of_its_own(env: dict[str, str]) -> Iterator[distributed.Client]:
+    """A 2-worker LocalCluster whose worker processes run with `env`, and a client of it.
+    Each worker keeps what the spool logs (worker_logs), from before the flow starts."""
+    with (
+        local_cluster(2, env=env, tls=False) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        client.wait_for_workers(2, timeout=120)
+        keep_worker_logs(client, SPOOL_LOGGER)
+        yield client
+
+
+def start_flow(
+    project: Path,
+    client: distributed.Client,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    training: dict[str, Any],
+) -> concurrent.futures.Future:
+    """The flow in a thread of this process, on the client's cluster, with `env` set (the
+    project's MLflow store starts from the migrated template, as a project's does); the
+    future gives its final state."""
     project.mkdir(parents=True, exist_ok=True)
-    log = open(project / "flow.log", "w")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "flows.train_charlm", *args],
-        cwd=project,
-        env={**project_env(project), **env, "PYTHONPATH": str(REPO)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    shutil.copyfile(migrated_mlflow_db(), project / "mlflow.db")
+    params = CharLMParams(**training)
+    address = client.scheduler.address
+    return start_in_process(train_charlm, project, address, monkeypatch, env, training=params)
 
 
 def the_run_id(client: MlflowClient) -> str:
@@ -114,11 +156,14 @@ def expected_train_steps(client: MlflowClient, run_id: str) -> list[int]:
     return [e * per_epoch + s for e in range(EPOCHS) for s in range(20, per_epoch + 1, 20)]
 
 
-def test_a_two_minute_outage_mid_run_loses_no_metric_and_no_checkpoint(mlflow_server, tmp_path):
+def test_a_two_minute_outage_mid_run_loses_no_metric_and_no_checkpoint(
+    mlflow_server, prefect_server, tmp_path, monkeypatch
+):
     project = tmp_path / "project"
-    proc = start_flow(project, OUTAGE_RUN, {"MLFLOW_TRACKING_URI": mlflow_server.url})
-    try:
-        wait_for_checkpoint(project, 1, proc)
+    env = {"MLFLOW_TRACKING_URI": mlflow_server.url}
+    with cluster_of_its_own(env) as cluster:
+        flow_run = start_flow(project, cluster, monkeypatch, env, OUTAGE_RUN)
+        wait_for_checkpoint(project, 1, flow_run)
         mlflow_server.stop()
         down_at = time.monotonic()
         last = project.glob(f"artifacts/runs/*/checkpoints/epoch-{EPOCHS:04d}.pt")
@@ -128,13 +173,10 @@ def test_a_two_minute_outage_mid_run_loses_no_metric_and_no_checkpoint(mlflow_se
         assert waiting, "calls logged during the outage should wait on disk"
         mlflow_server.start()
         print(f"MLflow was down for {time.monotonic() - down_at:.0f} s")
-        proc.wait(timeout=600)
+        state = flow_run.result(timeout=600)
         print(f"the flow ended {time.monotonic() - down_at:.0f} s after MLflow went down")
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = (project / "flow.log").read_text()
-    assert proc.returncode == 0, out[-5000:]
+    out = flow_run_logs(state.state_details.flow_run_id, "tracking           complete")
+    assert state.is_completed(), f"{state}\n{out[-5000:]}"
 
     client = mlflow_server.store_client()
     run_id = the_run_id(client)
@@ -178,7 +220,9 @@ def test_logging_resumes_within_its_own_retry_wait_once_mlflow_is_back(
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1]
 
 
-def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(mlflow_server, tmp_path):
+def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(
+    mlflow_server, prefect_server, tmp_path, monkeypatch
+):
     """MLflow stops after epoch 1 and never comes back. The end-of-training wait is cut to
     5 s (DDPFLOW_TRACKING_FLUSH_TIMEOUT_S) and MLflow's client does not retry
     (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0), or evaluation would retry a dead server for minutes."""
@@ -188,18 +232,17 @@ def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(mlflow_serv
         "DDPFLOW_TRACKING_FLUSH_TIMEOUT_S": "5",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     }
-    proc = start_flow(project, OUTAGE_RUN, env)
-    try:
-        wait_for_checkpoint(project, 1, proc)
+    with cluster_of_its_own(env) as cluster:
+        flow_run = start_flow(project, cluster, monkeypatch, env, OUTAGE_RUN)
+        wait_for_checkpoint(project, 1, flow_run)
         mlflow_server.stop()
-        proc.wait(timeout=600)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    out = (project / "flow.log").read_text()
+        state = flow_run.result(timeout=600)
+    flow_run_id = state.state_details.flow_run_id
+    out = f"{state}\n" + flow_run_logs(flow_run_id, "is missing")
     # Evaluation and registration need MLflow: the flow fails there, after training.
-    assert proc.returncode != 0, out[-5000:]
-    artifacts = {a["key"]: a for a in prefect_records(project)["artifacts"] if a["key"]}
+    assert state.is_failed(), out[-5000:]
+    records = flow_run_records(flow_run_id)
+    artifacts = {a["key"]: a for a in records["artifacts"] if a["key"]}
     assert ARTIFACT_KEY in artifacts, out[-5000:]
     markdown = artifacts[ARTIFACT_KEY]["data"]
     listed = re.findall(r"^\| \d+ \| (.+?) \| (.+?) \| (.+?) \|$", markdown, re.MULTILINE)
@@ -245,20 +288,26 @@ def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(mlflow_serv
     assert run.info.status == "RUNNING" and TRACKING_INCOMPLETE_TAG not in run.data.tags
 
 
-def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(tmp_path):
+def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(
+    prefect_server, tmp_path, monkeypatch
+):
     """A spool of 20 KB: the metrics fit, the checkpoints (about 60 KB each) do not. MLflow
     (the project's SQLite store) is up, so the run can be tagged and finished."""
     project = tmp_path / "project"
-    result = run_flow(
-        "train_charlm",
-        [*tiny_charlm(2, hidden_size=64), "--source", str(small_corpus())],
-        project,
-        env={"DDPFLOW_TRACKING_SPOOL_MB": "0.02"},
-    )
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-5000:]
-    assert "is full" in out and "NOT kept" in out
-    assert "tracking           INCOMPLETE: 2 logging calls are not in MLflow" in out
+    env = {
+        "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
+        "DDPFLOW_TRACKING_SPOOL_MB": "0.02",
+    }
+    training = {**tiny_charlm_params(2, hidden_size=64), "source": str(small_corpus())}
+    with cluster_of_its_own(env) as cluster:
+        state = start_flow(project, cluster, monkeypatch, env, training).result(timeout=600)
+        spooled = worker_log(cluster, SPOOL_LOGGER)  # rank 0's spool logs in its worker process
+    flow_run_id = state.state_details.flow_run_id
+    incomplete = "tracking           INCOMPLETE: 2 logging calls are not in MLflow"
+    out = flow_run_logs(flow_run_id, incomplete)
+    assert state.is_completed(), f"{state}\n{out[-5000:]}"
+    assert "is full" in spooled and "NOT kept" in spooled, spooled
+    assert incomplete in out
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     run_id = the_run_id(client)
     run = client.get_run(run_id)
@@ -267,7 +316,7 @@ def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(tmp_path):
         "2 logging calls are not in this run (2 not kept: the spool was full)"
     )
     assert client.list_artifacts(run_id, "checkpoints") == []
-    artifacts = {a["key"]: a for a in prefect_records(project)["artifacts"] if a["key"]}
+    artifacts = {a["key"]: a for a in flow_run_records(flow_run_id)["artifacts"] if a["key"]}
     markdown = artifacts[ARTIFACT_KEY]["data"]
     checkpoint_dir = next(project.glob("artifacts/runs/*/checkpoints"))
     for epoch in (1, 2):
