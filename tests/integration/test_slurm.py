@@ -91,6 +91,11 @@ def start_flow(
         "PREFECT_API_URL": api_url,
         "DDPFLOW_CLUSTER": "jobqueue",
         "DDPFLOW_CLUSTER_OPTIONS": json.dumps(options),
+        # Each job's worker logs its registration at INFO (registered_at reads it). A
+        # LocalCluster started earlier in this process leaves DASK_LOGGING__DISTRIBUTED=warning
+        # in its environment (distributed applies a nanny's pre-spawn environment to its own
+        # process), which the jobs would inherit.
+        "DASK_LOGGING__DISTRIBUTED": "info",
     }
     training = CharLMParams(**{**TINY_PARAMS, **overrides})
     return start_in_process(train_charlm, project, None, monkeypatch, env, training=training)
