@@ -45,13 +45,13 @@ SHARED_GROUPS = {
 # it first, its ten containers ran beside the fault and launcher tests and a LocalCluster
 # there lost a nanny (ddpflow/cluster/kept_nannies.py; load is the likely link, not proven).
 HEAVY_FIRST = [
-    "charlm-reference",  # ~1000 s
-    "test_deployments",  # ~400 s
-    "test_outages",  # ~330 s, two minutes of it waiting out the outages (little CPU)
+    "charlm-reference",  # ~800 s
+    "test_deployments",  # ~230 s
+    "test_outages",  # ~270 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
     "test_train_charlm_flow",
     "test_images_flow",
-    "test_tracking_outage",  # ~330 s, mostly an outage's waiting: never at the tail
+    "test_tracking_outage",  # ~440 s, mostly an outage's waiting: never at the tail
     "slurm",
     "test_external_cluster",
     "test_bad_inputs_cli",
