@@ -43,6 +43,14 @@ def dask_client() -> Iterator[distributed.Client]:
 
 
 @pytest.fixture(scope="module")
+def prefect_api_url() -> Iterator[str]:
+    """A Prefect API for a module whose flows run in this process on clusters of their own
+    (flow_services has one with a cluster): its URL, this process's API meanwhile."""
+    with prefect_api(migrated_prefect_db()) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def flow_services_env() -> dict[str, str]:
     """Environment of flow_services' worker processes and of this process while they run
     (a module overrides it, e.g. with an S3 endpoint and its keys)."""

@@ -46,10 +46,8 @@ from tests.integration.charlm_runs import (
 from tests.integration.conftest import (
     REPO,
     finish_in_process,
-    migrated_prefect_db,
     start_in_process,
 )
-from tests.integration.prefect_harness import prefect_api
 
 pytestmark = pytest.mark.integration
 CONTROL_EVERY = 20  # fit() reads a stop request every log_every_steps (20) steps
@@ -57,16 +55,13 @@ GONE_S = 40.0  # the grace period (25 s) and the close after it
 
 
 @pytest.fixture(scope="module")
-def scheduler(tmp_path_factory) -> Iterator[dict]:
-    """A Prefect API (this process's) and a Dask scheduler without workers: each test starts
-    its own `dask worker` processes (`workers`)."""
+def scheduler(prefect_api_url, tmp_path_factory) -> Iterator[dict]:
+    """The module's Prefect API (this process's) and a Dask scheduler without workers: each
+    test starts its own `dask worker` processes (`workers`)."""
     logs = tmp_path_factory.mktemp("worker-logs")
+    url = prefect_api_url
     # tls=False: a tcp:// scheduler that `dask worker` processes and flows reach by address.
-    with (
-        prefect_api(migrated_prefect_db()) as url,
-        local_cluster(0, tls=False) as lc,
-        distributed.Client(lc) as client,
-    ):
+    with local_cluster(0, tls=False) as lc, distributed.Client(lc) as client:
         yield {
             "client": client,
             "address": lc.scheduler_address,

@@ -24,7 +24,6 @@ import pytest
 from mlflow.tracking import MlflowClient
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-from ddpflow.cluster.build import local_cluster
 from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
@@ -40,12 +39,10 @@ from tests.integration import prefect_api
 from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
 from tests.integration.conftest import (
     finish_in_process,
-    migrated_prefect_db,
     project_tracking,
     start_in_process,
 )
 from tests.integration.prefect_harness import api_of_this_process
-from tests.integration.prefect_harness import prefect_api as module_api
 from tests.integration.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
@@ -53,7 +50,7 @@ from tests.integration.s3_servers import (
     mlflow_server,
     s3_env,
 )
-from tests.integration.worker_logs import keep_worker_logs, worker_log
+from tests.integration.worker_logs import cluster_keeping_logs, worker_log
 
 pytestmark = pytest.mark.integration
 BUCKET = "ddpflow-outage"
@@ -69,14 +66,9 @@ def flow_on_its_cluster(
     """The tiny training in a thread, on a 2-worker LocalCluster whose workers run with
     `env` (the flow gets it too) and keep what ddpflow logs; yields the flow run's future and
     a client of the cluster, which stops once the flow run is over."""
-    with (
-        local_cluster(2, env=env, tls=False) as cluster,
-        distributed.Client(cluster, set_as_default=False) as client,
-    ):
-        client.wait_for_workers(2, timeout=120)
-        keep_worker_logs(client)
+    with cluster_keeping_logs(env) as client:
         training = CharLMParams(**TINY_PARAMS)
-        address = cluster.scheduler_address
+        address = client.scheduler.address
         flow_run = start_in_process(
             train_charlm, project, address, monkeypatch, env, training=training
         )
@@ -114,14 +106,13 @@ def moto_service(tmp_path_factory) -> Iterator[Service]:
 
 
 @pytest.fixture(scope="module")
-def s3_outage(moto_service, tmp_path_factory) -> Iterator[dict]:
+def s3_outage(moto_service, prefect_api_url, tmp_path_factory) -> Iterator[dict]:
     """Checkpoints and MLflow's artifacts on S3; the S3 server is paused (SIGSTOP, which keeps
     its data and its listening socket: connections are accepted, nothing answers) from the
     first training step, before epoch 1's checkpoint, for S3_OUTAGE_S, then resumed."""
     logs, moto = tmp_path_factory.mktemp("outage-mlflow"), moto_service.url
     with (
         pytest.MonkeyPatch.context() as monkeypatch,
-        module_api(migrated_prefect_db()),
         mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server,
     ):
         env = {

@@ -14,7 +14,6 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -31,10 +30,8 @@ from tests.integration.charlm_runs import (
 from tests.integration.conftest import (
     REPO,
     finish_in_process,
-    migrated_prefect_db,
     start_in_process,
 )
-from tests.integration.prefect_harness import prefect_api
 from tests.integration.slurm_cluster import Slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
@@ -52,14 +49,6 @@ def _import_jobqueue_here() -> None:
 _import_jobqueue_here()
 JOBS_TIMEOUT_S = 120
 REGISTERED = re.compile(r"^(\S+ \S+) - distributed\.worker - INFO - +Registered to:", re.M)
-
-
-@pytest.fixture(scope="module")
-def api_url() -> Iterator[str]:
-    """A Prefect server on 127.0.0.1: the flow's and the worker jobs' API, so task runs
-    started in a job report to the flow's server."""
-    with prefect_api(migrated_prefect_db()) as url:
-        yield url
 
 
 def job_name(project: Path) -> str:
@@ -140,8 +129,8 @@ def assert_no_job_left(slurm: Slurm, project: Path) -> None:
     assert not jobs, jobs
 
 
-def test_train_charlm_on_two_slurm_worker_jobs(slurm, api_url, tmp_path, monkeypatch):
-    flow_run = start_flow(tmp_path, slurm, api_url, monkeypatch, epochs=2)
+def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api_url, tmp_path, monkeypatch):
+    flow_run = start_flow(tmp_path, slurm, prefect_api_url, monkeypatch, epochs=2)
     try:
         jobs = running_jobs(slurm, tmp_path, 2, flow_run)
         state, output = finish_in_process(flow_run, "world size")
@@ -160,9 +149,9 @@ def test_train_charlm_on_two_slurm_worker_jobs(slurm, api_url, tmp_path, monkeyp
 
 
 def test_scancel_of_a_worker_job_is_replaced_and_costs_one_restart(
-    slurm, api_url, tmp_path, monkeypatch
+    slurm, prefect_api_url, tmp_path, monkeypatch
 ):
-    flow_run = start_flow(tmp_path, slurm, api_url, monkeypatch)
+    flow_run = start_flow(tmp_path, slurm, prefect_api_url, monkeypatch)
     try:
         first = running_jobs(slurm, tmp_path, 2, flow_run)
         wait_for_checkpoint(tmp_path, 1, flow_run)

@@ -4,7 +4,7 @@ Real processes: a real MLflow tracking server (SQLite store, artifacts in a fold
 the test stops and starts again on the same store and port; the pet-name flow against it.
 
 The flow runs in a thread of the test's own process (start_in_process), on a Prefect API
-server the module shares (prefect_api) and on a 2-worker Dask LocalCluster of each test's
+server the module shares (prefect_api_url) and on a 2-worker Dask LocalCluster of each test's
 own: the settings under test (DDPFLOW_TRACKING_SPOOL_MB, DDPFLOW_TRACKING_FLUSH_TIMEOUT_S,
 MLFLOW_HTTP_REQUEST_MAX_RETRIES) are read where rank 0's MLflow logger and its spool run,
 in a worker process, so each test starts its workers with its own environment (the flow
@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import shutil
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +27,6 @@ import distributed
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.cluster.build import local_cluster
 from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from ddpflow.training.batching import epoch_batches
@@ -40,13 +37,10 @@ from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, small_corpus, wai
 from tests.integration.conftest import (
     flow_run_logs,
     flow_run_records,
-    migrated_mlflow_db,
-    migrated_prefect_db,
     start_in_process,
     tiny_charlm_params,
 )
-from tests.integration.prefect_harness import prefect_api
-from tests.integration.worker_logs import keep_worker_logs, worker_log
+from tests.integration.worker_logs import cluster_keeping_logs, worker_log
 
 pytestmark = pytest.mark.integration
 # Two minutes: twice the 60 s after which the old logger dropped what was queued.
@@ -101,26 +95,6 @@ def mlflow_server(tmp_path) -> Iterator[MlflowServer]:
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def prefect_server() -> Iterator[str]:
-    """A Prefect API server for the module's flow runs (this process's API meanwhile)."""
-    with prefect_api(migrated_prefect_db()) as url:
-        yield url
-
-
-@contextmanager
-def cluster_of_its_own(env: dict[str, str]) -> Iterator[distributed.Client]:
-    """A 2-worker LocalCluster whose worker processes run with `env`, and a client of it.
-    Each worker keeps what the spool logs (worker_logs), from before the flow starts."""
-    with (
-        local_cluster(2, env=env, tls=False) as cluster,
-        distributed.Client(cluster, set_as_default=False) as client,
-    ):
-        client.wait_for_workers(2, timeout=120)
-        keep_worker_logs(client, SPOOL_LOGGER)
-        yield client
-
-
 def start_flow(
     project: Path,
     client: distributed.Client,
@@ -128,11 +102,8 @@ def start_flow(
     env: dict[str, str],
     training: dict[str, Any],
 ) -> concurrent.futures.Future:
-    """The flow in a thread of this process, on the client's cluster, with `env` set (the
-    project's MLflow store starts from the migrated template, as a project's does); the
+    """The flow in a thread of this process, on the client's cluster, with `env` set; the
     future gives its final state."""
-    project.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(migrated_mlflow_db(), project / "mlflow.db")
     params = CharLMParams(**training)
     address = client.scheduler.address
     return start_in_process(train_charlm, project, address, monkeypatch, env, training=params)
@@ -157,11 +128,11 @@ def expected_train_steps(client: MlflowClient, run_id: str) -> list[int]:
 
 
 def test_a_two_minute_outage_mid_run_loses_no_metric_and_no_checkpoint(
-    mlflow_server, prefect_server, tmp_path, monkeypatch
+    mlflow_server, prefect_api_url, tmp_path, monkeypatch
 ):
     project = tmp_path / "project"
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url}
-    with cluster_of_its_own(env) as cluster:
+    with cluster_keeping_logs(env, SPOOL_LOGGER) as cluster:
         flow_run = start_flow(project, cluster, monkeypatch, env, OUTAGE_RUN)
         wait_for_checkpoint(project, 1, flow_run)
         mlflow_server.stop()
@@ -221,7 +192,7 @@ def test_logging_resumes_within_its_own_retry_wait_once_mlflow_is_back(
 
 
 def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(
-    mlflow_server, prefect_server, tmp_path, monkeypatch
+    mlflow_server, prefect_api_url, tmp_path, monkeypatch
 ):
     """MLflow stops after epoch 1 and never comes back. The end-of-training wait is cut to
     5 s (DDPFLOW_TRACKING_FLUSH_TIMEOUT_S) and MLflow's client does not retry
@@ -232,7 +203,7 @@ def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(
         "DDPFLOW_TRACKING_FLUSH_TIMEOUT_S": "5",
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",
     }
-    with cluster_of_its_own(env) as cluster:
+    with cluster_keeping_logs(env, SPOOL_LOGGER) as cluster:
         flow_run = start_flow(project, cluster, monkeypatch, env, OUTAGE_RUN)
         wait_for_checkpoint(project, 1, flow_run)
         mlflow_server.stop()
@@ -289,7 +260,7 @@ def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(
 
 
 def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(
-    prefect_server, tmp_path, monkeypatch
+    prefect_api_url, tmp_path, monkeypatch
 ):
     """A spool of 20 KB: the metrics fit, the checkpoints (about 60 KB each) do not. MLflow
     (the project's SQLite store) is up, so the run can be tagged and finished."""
@@ -299,7 +270,7 @@ def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(
         "DDPFLOW_TRACKING_SPOOL_MB": "0.02",
     }
     training = {**tiny_charlm_params(2, hidden_size=64), "source": str(small_corpus())}
-    with cluster_of_its_own(env) as cluster:
+    with cluster_keeping_logs(env, SPOOL_LOGGER) as cluster:
         state = start_flow(project, cluster, monkeypatch, env, training).result(timeout=600)
         spooled = worker_log(cluster, SPOOL_LOGGER)  # rank 0's spool logs in its worker process
     flow_run_id = state.state_details.flow_run_id

@@ -10,7 +10,28 @@ test's own, added before the flow starts.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
 import distributed
+
+from ddpflow.cluster.build import local_cluster
+
+
+@contextmanager
+def cluster_keeping_logs(
+    env: Mapping[str, str], logger_name: str = "ddpflow"
+) -> Iterator[distributed.Client]:
+    """A 2-worker LocalCluster of the test's own, whose worker processes run with `env` and
+    keep what `logger_name` logs from before any flow starts (worker_log reads it); yields a
+    client of it."""
+    with (
+        local_cluster(2, env=env, tls=False) as cluster,
+        distributed.Client(cluster, set_as_default=False) as client,
+    ):
+        client.wait_for_workers(2, timeout=120)
+        keep_worker_logs(client, logger_name)
+        yield client
 
 
 def keep_worker_logs(client: distributed.Client, logger_name: str = "ddpflow") -> None:
