@@ -204,6 +204,25 @@ def run_in_process(
     return flow(**parameters)
 
 
+def cli_exit_code(
+    flow: Any,
+    args: list[str],
+    project: Path,
+    address: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str] | None = None,
+) -> Any:
+    """Run the flow's command line (`flows.cli.run_cli`: its option parser, its failure line)
+    in this process as run_in_process runs a flow; the code it exits with. run_cli sets its
+    client retries in os.environ when they are unset: set here, monkeypatch restores them."""
+    from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, run_cli
+
+    env = {CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES), **(env or {})}
+    with pytest.raises(SystemExit) as exited:
+        run_in_process(lambda: run_cli(flow, args), project, address, monkeypatch, env)
+    return exited.value.code
+
+
 def start_in_process(
     flow: Any,
     project: Path,

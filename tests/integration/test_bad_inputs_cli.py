@@ -18,12 +18,15 @@ from typing import Any
 import pytest
 
 from ddpflow.training.batching import MAX_SEED
-from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, run_cli
 from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
 from infra.services import free_port
-from tests.integration.conftest import flow_run_task_runs, latest_flow_run, run_in_process
+from tests.integration.conftest import (
+    cli_exit_code,
+    flow_run_task_runs,
+    latest_flow_run,
+)
 from tests.pngs import png
 
 pytestmark = pytest.mark.integration
@@ -59,13 +62,10 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
         address: str = flow_services,
     ) -> Any:
         before = _stored(project)
-        # run_cli sets it in os.environ when unset; set here, monkeypatch restores it.
-        env = {CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES)}
         capsys.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            run_in_process(lambda: run_cli(flow, args), project, address, monkeypatch, env)
+        code = cli_exit_code(flow, args, project, address, monkeypatch)
         stderr = capsys.readouterr().err
-        assert exited.value.code == 1, stderr[-3000:]
+        assert code == 1, stderr[-3000:]
         lines = [line for line in stderr.splitlines() if line.startswith("ddpflow: ")]
         assert lines and "failed" in lines[-1], stderr[-3000:]
         last = lines[-1]

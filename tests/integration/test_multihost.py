@@ -28,7 +28,6 @@ import ddpflow
 from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.distributed.launcher import RANK_KEY_PREFIX
 from ddpflow.workloads.vision.digits import write_digits
-from flows.cli import run_cli
 from flows.params import CharLMParams, ImageParams
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
@@ -44,6 +43,7 @@ from tests.integration.charlm_runs import (
 )
 from tests.integration.conftest import (
     REPO,
+    cli_exit_code,
     finish_in_process,
     latest_flow_run,
     project_env,
@@ -286,13 +286,12 @@ def test_an_mlflow_url_only_the_head_node_reaches_stops_in_preflight(
     with loopback_forwarder(restored.mlflow_url) as local_url:
         env = {**restored.flow_env(str(tmp_path / "artifacts")), "MLFLOW_TRACKING_URI": local_url}
         address = restored.scheduler_address
-        with pytest.raises(SystemExit) as exited:
-            run_in_process(lambda: run_cli(train_charlm, TINY), tmp_path, address, monkeypatch, env)
+        code = cli_exit_code(train_charlm, TINY, tmp_path, address, monkeypatch, env)
     captured = capsys.readouterr()
     # The failure line, and the flow run's state as Prefect recorded it (the error's type).
     recorded = latest_flow_run(train_charlm.name).state.message
     output = f"{captured.out}{captured.err}\n{recorded}"
-    assert_stopped_in_preflight(restored, tmp_path, output, exited.value.code)
+    assert_stopped_in_preflight(restored, tmp_path, output, code)
     assert f"2 of 2 Dask workers cannot reach MLflow tracking server {local_url}" in output
 
 

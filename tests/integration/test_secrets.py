@@ -28,14 +28,13 @@ from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL
 
 from ddpflow.preflight.checks import PreflightError, check_tracking
-from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV, run_cli
 from flows.train_charlm import train_charlm
 from tests.integration.conftest import (
     READ_RECORDS,
+    cli_exit_code,
     flow_run_records,
     latest_flow_run,
     project_env,
-    run_in_process,
     tiny_charlm,
 )
 from tests.integration.prefect_harness import database_files
@@ -92,14 +91,10 @@ def refused(flow_services: str, monkeypatch, capfd):
     Returns its error output (the failure line) and its records."""
 
     def run(args: list[str], project: Path, env: dict[str, str]) -> tuple[str, dict]:
-        env = {CLIENT_RETRIES_ENV: str(CLIENT_MAX_RETRIES), **env}  # as fails_naming does
         capfd.readouterr()
-        with pytest.raises(SystemExit) as exited:
-            run_in_process(
-                lambda: run_cli(train_charlm, args), project, flow_services, monkeypatch, env
-            )
+        code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
         output = capfd.readouterr()
-        assert exited.value.code == 1, output.err[-3000:]
+        assert code == 1, output.err[-3000:]
         assert_clean(output.out + output.err, "flow output")
         # Refused before any task: every log line is this process's. Send them all now.
         with contextlib.suppress(RuntimeError):  # none was logged to the API
