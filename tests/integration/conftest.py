@@ -26,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.cluster.build import local_cluster
 from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.tracking.store import template as mlflow_store_template
-from tests.integration.charlm_runs import TINY, final_weights
+from tests.integration.charlm_runs import SMALL_SOURCE, TINY, final_weights
 from tests.integration.prefect_harness import prefect_api
 from tests.integration.s3_servers import moto_server
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
@@ -340,11 +340,15 @@ def project_env(project: Path, first_project: bool = False) -> dict[str, str]:
     return env
 
 
-def tiny_charlm_params(epochs: int, **overrides: object) -> dict[str, object]:
+def tiny_charlm_params(
+    epochs: int, source: str | None = SMALL_SOURCE, **overrides: object
+) -> dict[str, object]:
     """A pet-name training small enough for a test, as the flow's parameter model takes it:
-    one LSTM layer of 16, batches of 4096; `overrides` (e.g. keep_last=2) add or replace
-    fields."""
-    return {"epochs": epochs, "hidden_size": 16, "num_layers": 1, "batch_size": 4096, **overrides}
+    one LSTM layer of 16, batches of 4096, on the first third of the shipped names
+    (source=None: no source, the flow's default, all of them); `overrides` (e.g.
+    keep_last=2) add or replace fields."""
+    sizes = {"epochs": epochs, "hidden_size": 16, "num_layers": 1, "batch_size": 4096}
+    return {**({"source": source} if source else {}), **sizes, **overrides}
 
 
 def tiny_charlm(epochs: int, **overrides: object) -> list[str]:

@@ -18,6 +18,7 @@ from mlflow.tracking import MlflowClient
 
 import infra.stack
 from infra.state import client_env
+from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.prefect_api import (
     FINAL_STATES,
     artifacts,
@@ -29,7 +30,9 @@ from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-TINY = {"hidden_size": 32, "num_layers": 1, "batch_size": 2048, "num_names": 5}
+TINY = {
+    "source": SMALL_SOURCE, "hidden_size": 32, "num_layers": 1, "batch_size": 2048, "num_names": 5,
+}  # fmt: skip
 RETRAIN = "retrain-charlm/charlm-retrain-nightly"
 
 

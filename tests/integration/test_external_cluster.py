@@ -30,7 +30,7 @@ from flows.train_charlm import train_charlm
 from infra.procs import Service, pid_alive
 from infra.services import free_port, start_dask, start_prefect_server, stop
 from tasks.registration import IN_PROCESS_FAILURE_TAG
-from tests.integration.charlm_runs import TINY_PARAMS
+from tests.integration.charlm_runs import SMALL_SOURCE, TINY_PARAMS
 from tests.integration.conftest import (
     REPO,
     migrated_prefect_db,
@@ -46,6 +46,8 @@ MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
 # Prefect gives its embedded server 20 s to start; on 2 shared, busy cores that can be short.
 SLOW_START = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
 TINY = [
+    "--source",
+    SMALL_SOURCE,
     "--epochs",
     "1",
     "--hidden-size",

@@ -26,6 +26,7 @@ from mlflow.tracking import MlflowClient
 from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
 from infra.services import free_port, start_mlflow, start_prefect_server, stop
+from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.conftest import REPO, run_in_process
 
 pytestmark = pytest.mark.integration
@@ -33,8 +34,8 @@ pytestmark = pytest.mark.integration
 MODEL = "ddpflow-charlm"
 EXPERIMENT = "ddpflow-charlm"
 ONE_EPOCH = {
-    "epochs": 1, "hidden_size": 32, "num_layers": 1, "batch_size": 1024, "lr": 0.01,
-    "num_names": 3, "keep_last": 1,
+    "source": SMALL_SOURCE, "epochs": 1, "hidden_size": 32, "num_layers": 1, "batch_size": 1024,
+    "lr": 0.01, "num_names": 3, "keep_last": 1,
 }  # fmt: skip
 # The docs' screenshots are these tests' screenshots. A run writes them to a temporary folder
 # unless DDPFLOW_SCREENSHOTS names one: `DDPFLOW_SCREENSHOTS=docs/img make test

@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS
 from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
+from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.conftest import run_in_process
 from tests.unit.champion_helpers import (
     add_version,
@@ -30,8 +31,8 @@ MODEL = "retrain-test-model"
 EXPERIMENT = "retrain-test"
 ARTIFACT_ROOT = "DDPFLOW_ARTIFACT_ROOT"
 TINY = {
-    "epochs": 1, "hidden_size": 16, "num_layers": 1, "batch_size": 2048, "lr": 0.01,
-    "num_names": 2, "max_restarts": 0, "model_name": MODEL, "experiment": EXPERIMENT,
+    "source": SMALL_SOURCE, "epochs": 1, "hidden_size": 16, "num_layers": 1, "batch_size": 2048,
+    "lr": 0.01, "num_names": 2, "max_restarts": 0, "model_name": MODEL, "experiment": EXPERIMENT,
 }  # fmt: skip
 
 

@@ -42,7 +42,8 @@ from tests.integration.prefect_harness import database_files
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
-TINY = tiny_charlm(1)
+# Refused before any training: the flow's own default source.
+TINY = tiny_charlm(1, source=None)
 
 # A flow of its own (no parameters) that hands the download task a source with credentials:
 # the task's error, its state and the flow's state must not repeat them.

@@ -33,7 +33,7 @@ from ddpflow.training.batching import epoch_batches
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.services import Service, free_port, start_mlflow, stop
-from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, small_corpus, wait_for_checkpoint
+from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
 from tests.integration.conftest import (
     flow_run_logs,
     flow_run_records,
@@ -269,7 +269,7 @@ def test_a_full_spool_ends_the_run_tagged_and_the_summary_says_so(
         "MLFLOW_TRACKING_URI": f"sqlite:///{project / 'mlflow.db'}",
         "DDPFLOW_TRACKING_SPOOL_MB": "0.02",
     }
-    training = {**tiny_charlm_params(2, hidden_size=64), "source": str(small_corpus())}
+    training = tiny_charlm_params(2, hidden_size=64)
     with cluster_keeping_logs(env, SPOOL_LOGGER) as cluster:
         state = start_flow(project, cluster, monkeypatch, env, training).result(timeout=600)
         spooled = worker_log(cluster, SPOOL_LOGGER)  # rank 0's spool logs in its worker process
