@@ -60,14 +60,14 @@ SERVER_TIMEOUT_S = 90.0
 def start_moto(
     port: int, log_dir: Path, host: str = "127.0.0.1", unauthenticated_actions: int | None = None
 ) -> Service:
-    """moto's S3 server on `host` (its own default would bind 0.0.0.0). It accepts any key,
-    unless `unauthenticated_actions` is set: then only that many requests, and every later
-    one must carry the key of a user made by them (infra.s3_user)."""
-    argv = [str(BIN / "moto_server"), "-H", host, "-p", str(port)]
+    """moto's S3 server (infra.s3_endpoint) on `host`. It accepts any key, unless
+    `unauthenticated_actions` is set: then only that many requests, and every later one must
+    carry the key of a user made by them (infra.s3_user)."""
+    argv = [str(BIN / "python"), "-m", "infra.s3_endpoint", "-H", host, "-p", str(port)]
     env = base_env()
     if unauthenticated_actions is not None:
         env["INITIAL_NO_AUTH_ACTION_COUNT"] = str(unauthenticated_actions)
-    service = spawn("moto", argv, env, log_dir)
+    service = spawn("moto", argv, env, log_dir, cwd=REPO)  # where `infra` is importable
     service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/moto-api/", "port": port}
     return _healthy(service, 30)
