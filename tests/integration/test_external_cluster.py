@@ -1,7 +1,7 @@
 """A flow on a Dask cluster it did not start: a real `dask scheduler` and `dask worker
 --nworkers 2`, started as a user starts them, with no Prefect setting of their own.
 
-Every Prefect task run must land in the flow's API (the embedded one or a server set only on
+Every Prefect task run must land in the flow's API (the embedded one, or a server set only on
 the flow's side), and once the flow and the workers have ended no process of theirs may
 remain. Each process the test starts carries a unique environment variable that its children
 inherit, so leftovers are found by that mark, not confused with other users' processes.
@@ -28,11 +28,12 @@ from mlflow.tracking import MlflowClient
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.procs import Service, pid_alive
-from infra.services import free_port, start_dask, start_prefect_server, stop
+from infra.services import free_port, start_dask, stop
 from tasks.registration import IN_PROCESS_FAILURE_TAG
 from tests.integration.charlm_runs import SMALL_SOURCE, TINY_PARAMS
 from tests.integration.conftest import (
     REPO,
+    flow_run_task_runs,
     migrated_prefect_db,
     project_env,
     project_tracking,
@@ -210,25 +211,6 @@ def test_embedded_api_gets_every_task_run_and_nothing_is_left(tmp_path: Path) ->
     assert_none_left(mark)  # the query's own embedded server stopped with it
 
 
-@pytest.mark.timeout(420)
-def test_server_set_only_on_the_flow_side_gets_every_task_run(tmp_path: Path) -> None:
-    mark = uuid.uuid4().hex
-    project = tmp_path / "project"
-    home = tmp_path / "server-prefect"
-    server = start_prefect_server(free_port(), home, tmp_path / "logs")
-    try:
-        with external_dask(tmp_path, mark) as (scheduler, workers):
-            output = train_on(scheduler.url, project, mark, PREFECT_API_URL=server.url)
-            servers = api_servers(marked(mark))
-            assert not servers, "API servers besides the flow's:\n" + "\n".join(describe(servers))
-            end_like_a_user(workers, scheduler)
-            assert_none_left(mark)
-        runs = task_runs(project, {"PREFECT_API_URL": server.url, MARK_ENV: mark})
-        assert_all_tasks_completed(runs, output)
-    finally:
-        stop(server)
-
-
 @pytest.mark.timeout(300)
 def test_preflight_stops_a_flow_whose_workers_cannot_reach_its_api(tmp_path: Path) -> None:
     """The workers reach nothing over HTTP (their proxy is a closed port), as workers on
@@ -332,8 +314,9 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
     Dask's profiler on), the second with a worker SIGKILLed after its first epoch: each
     registers its model version, in the worker's process (the profiler that made torch.export
     fail there is paused for the export), with no fresh-process fallback needed. The flows
-    run in this process (on a test Prefect API); the workers are handed its URL with each
-    task, as they are the embedded API's."""
+    run in this process, on a Prefect server set on the flow's side only (a test API as this
+    process's): the workers, which have no Prefect setting, are handed its URL with each task,
+    and every task run of each flow must be in it, with no server started on a worker."""
     mark = uuid.uuid4().hex
     project = tmp_path / "project"
     project.mkdir()
@@ -361,6 +344,12 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
             states.append(state)
             assert state.is_completed(), state
             client.wait_for_workers(2, timeout=120)  # the nanny replaced the killed one
+        servers = api_servers(marked(mark))
+        assert not servers, "API servers on the workers:\n" + "\n".join(describe(servers))
+        for state in states:
+            found = flow_run_task_runs(state.state_details.flow_run_id)
+            tasks = [[t.name, t.state_type.value] for t in found]
+            assert_all_tasks_completed([{"state": state.type.value, "tasks": tasks}], str(state))
     tracking = project_tracking(project)
     versions = tracking.search_model_versions("name = 'ddpflow-charlm'")
     assert len(versions) == 3, [v.version for v in versions]
