@@ -17,7 +17,7 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from ddpflow.checkpoint.store import CheckpointStore
+from ddpflow.checkpoint.store import POINTER_NAME, CheckpointStore
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 
 EPOCHS = 3
@@ -67,19 +67,36 @@ def wait_for_checkpoint(
     timeout_s=300,
     step: bool = False,
 ) -> None:
-    """Until the checkpoint after `epoch` epochs exists; step=True: one inside the next
-    epoch (a step checkpoint, epoch-NNNN.step-SSSSSSSS.pt). `proc` is the flow: a process,
-    or a flow run in a thread of this process (start_in_process); it must not end first."""
+    """Until the checkpoint after `epoch` epochs is complete; step=True: one inside the
+    next epoch (a step checkpoint, epoch-NNNN.step-SSSSSSSS.pt). `proc` is the flow: a
+    process, or a flow run in a thread of this process (start_in_process); it must not end
+    first.
+
+    Complete: the run's latest.json names it, or a later one. Rank 0 moves that pointer
+    only after the file is written, and a relaunch resumes from what it names: a rank
+    stopped between the two writes resumes from the checkpoint before (a hung-worker test
+    once stopped it there, and saw the run start over)."""
     deadline = time.monotonic() + timeout_s
-    inside = ".step-*" if step else ""
-    pattern = f"artifacts/runs/*/checkpoints/epoch-{epoch:04d}{inside}.pt"
-    while not list(project.glob(pattern)):
+    # Checkpoint names sort in training order (ddpflow.checkpoint.store).
+    wanted = f"epoch-{epoch:04d}" + (".step-" if step else ".pt")
+    while not any(name >= wanted for name in latest_checkpoint_names(project)):
         if isinstance(proc, concurrent.futures.Future):
             assert not proc.done(), f"the flow ended first: {proc.result()}"
         else:
             assert proc.poll() is None, proc.communicate()[1][-3000:]
         assert time.monotonic() < deadline, f"no checkpoint of epoch {epoch}"
         time.sleep(0.1)
+
+
+def latest_checkpoint_names(project: Path) -> list[str]:
+    """The file name each run's latest.json names (none while it is being written)."""
+    names = []
+    for pointer in project.glob(f"artifacts/runs/*/checkpoints/{POINTER_NAME}"):
+        try:
+            names.append(json.loads(pointer.read_text())["uri"].rsplit("/", 1)[-1])
+        except (OSError, ValueError, KeyError):
+            continue
+    return names
 
 
 def finish(proc: subprocess.Popen, timeout_s: float = 300) -> tuple[int, str]:
