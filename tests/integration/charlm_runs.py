@@ -17,7 +17,7 @@ import torch
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from ddpflow.checkpoint.store import POINTER_NAME, CheckpointStore
+from ddpflow.checkpoint.store import POINTER_NAME, CheckpointStore, read_pointer
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 
 EPOCHS = 3
@@ -89,12 +89,13 @@ def wait_for_checkpoint(
 
 
 def latest_checkpoint_names(project: Path) -> list[str]:
-    """The file name each run's latest.json names (none while it is being written)."""
+    """The file name each run's latest.json names, read as a resume reads it (none while it
+    is being written)."""
     names = []
     for pointer in project.glob(f"artifacts/runs/*/checkpoints/{POINTER_NAME}"):
         try:
-            names.append(json.loads(pointer.read_text())["uri"].rsplit("/", 1)[-1])
-        except (OSError, ValueError, KeyError):
+            names.append(read_pointer(str(pointer)).rsplit("/", 1)[-1])
+        except (OSError, ValueError):
             continue
     return names
 
