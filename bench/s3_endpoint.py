@@ -16,13 +16,13 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
-import time
 
 import psutil
 
 from bench.common import Result, command_line, load_average, median, print_results, record_entry
-from infra.procs import free_port
+from infra.procs import free_port, wait_http
 from infra.runtime import BIN, REPO
+from infra.services import create_bucket, fake_s3_client
 
 OBJECTS, GETS, SIZE = 300, 3, 2000
 BUCKET = "bench-s3-endpoint"
@@ -34,30 +34,16 @@ SERVERS = {
 
 def _requests_cpu_s(command: list[str], objects: int) -> float:
     """CPU seconds the server `command` spends on `objects` PUTs and GETS times as many GETs."""
-    import boto3  # late: only the measurement needs it
-
     port = free_port()
+    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:
         server = subprocess.Popen(
             [*command, "-H", "127.0.0.1", "-p", str(port)], cwd=REPO, stdout=log, stderr=log
         )
         try:
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=f"http://127.0.0.1:{port}",
-                aws_access_key_id="testing",
-                aws_secret_access_key="testing",
-                region_name="us-east-1",
-            )
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    s3.create_bucket(Bucket=BUCKET)
-                    break
-                except Exception:  # noqa: BLE001 - not answering yet
-                    if server.poll() is not None or time.monotonic() > deadline:
-                        raise
-                    time.sleep(0.2)
+            wait_http(f"{url}/moto-api/", 60)
+            create_bucket(url, BUCKET)
+            s3 = fake_s3_client(url)
             process = psutil.Process(server.pid)
             before = sum(process.cpu_times()[:2])
             body = b"x" * SIZE

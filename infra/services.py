@@ -14,6 +14,7 @@ import subprocess
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from infra.dask_service import dask_workers_seen, start_dask
 from infra.procs import (
@@ -36,6 +37,7 @@ __all__ = [
     "Service",
     "ServiceError",
     "create_bucket",
+    "fake_s3_client",
     "free_port",
     "health",
     "start_dask",
@@ -73,17 +75,23 @@ def start_moto(
     return _healthy(service, 30)
 
 
-def create_bucket(endpoint_url: str, bucket: str) -> None:
-    """Create bucket on the S3 endpoint with moto's fake keys; an existing one is fine."""
-    import boto3  # late: only callers that make buckets pay for the import
+def fake_s3_client(endpoint_url: str) -> Any:
+    """A boto3 S3 client of the endpoint with moto's fake keys (boto3 types its clients at
+    run time)."""
+    import boto3  # late: only callers that talk S3 pay for the import
 
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
         aws_access_key_id=FAKE_AWS["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=FAKE_AWS["AWS_SECRET_ACCESS_KEY"],
         region_name=FAKE_AWS["AWS_DEFAULT_REGION"],
     )
+
+
+def create_bucket(endpoint_url: str, bucket: str) -> None:
+    """Create bucket on the S3 endpoint with moto's fake keys; an existing one is fine."""
+    s3 = fake_s3_client(endpoint_url)
     with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
         s3.create_bucket(Bucket=bucket)
 
