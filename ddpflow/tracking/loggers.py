@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import tempfile
 import threading
 import time
@@ -15,13 +14,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
-from urllib.parse import urlsplit
-from urllib.request import getproxies, proxy_bypass
 
 from mlflow.entities import Metric, RunTag
 from mlflow.tracking import MlflowClient
 
 from ddpflow.storage.redact import redact_text
+from ddpflow.tracking.one_try import OneTryCalls
 from ddpflow.tracking.spool import (
     FLUSH_TIMEOUT_ENV,
     Entry,
@@ -44,21 +42,6 @@ class RunRef:
 
 # The longest rank 0 waits at a checkpoint for MLflow to take the epoch's metrics.
 CHECKPOINT_FLUSH_TIMEOUT_S = 10.0
-# How long the logging thread gives a tracking server to accept a connection before a call.
-CONNECT_PROBE_TIMEOUT_S = 5.0
-
-
-def server_address(tracking_uri: str) -> tuple[str, int] | None:
-    """(host, port) of an http(s) tracking server this process connects to directly; None
-    for a store that is not one, or one MLflow's client reaches through a proxy
-    (HTTP(S)_PROXY without a NO_PROXY match, the variables requests reads too): only the
-    proxy may be reachable from here, so a direct connection says nothing about the server."""
-    parts = urlsplit(tracking_uri)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        return None
-    if getproxies().get(parts.scheme) and not proxy_bypass(parts.hostname):
-        return None
-    return parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
 
 
 class MetricLogger(Protocol):
@@ -112,8 +95,9 @@ class BackgroundMlflowLogger:
     with it every other rank at the next collective (MLflow's client retries a failing server
     for minutes). Each call is first written to a bounded folder (ddpflow.tracking.spool), so
     an outage only delays it: a call that fails is retried, the oldest first, until MLflow
-    takes it. `close()` waits a bounded time for what waits and returns what MLflow still
-    lacks then.
+    takes it. Each try is one request (ddpflow.tracking.one_try): a server gone mid-call fails
+    it at once instead of holding it in MLflow's client retries for minutes. `close()` waits
+    a bounded time for what waits and returns what MLflow still lacks then.
 
     Each metric step ends up in MLflow once. A restarted attempt re-runs the steps after its
     checkpoint that an earlier attempt already logged, and a call retried after an outage may
@@ -132,10 +116,10 @@ class BackgroundMlflowLogger:
         retry_max_s: float = 10.0,
     ):
         self._logger = MlflowLogger(run)
+        self._calls = OneTryCalls(run.tracking_uri, run.run_id)
         self._close_timeout_s = flush_timeout_s() if close_timeout_s is None else close_timeout_s
         self.spool = _open_spool(spool_dir, max_spool_bytes or spool_max_bytes())
         self._retry_max_s = retry_max_s
-        self._address = server_address(run.tracking_uri)
         self._logged_before: dict[str, int] = {}  # key -> last step MLflow holds
         self._wake = threading.Event()  # a call was added, or close() began
         self._closing = threading.Event()
@@ -219,7 +203,6 @@ class BackgroundMlflowLogger:
                 self._wake.wait()
                 continue
             try:
-                self._check_reachable()
                 self._send(entry)
             except Exception as error:  # noqa: BLE001 - logging must never stop training
                 failures += 1
@@ -238,37 +221,23 @@ class BackgroundMlflowLogger:
                 failures = 0
             self.spool.remove(entry)
 
-    def _check_reachable(self) -> None:
-        """OSError unless the tracking server accepts a connection now.
-
-        A call begun while the server is down does not fail: MLflow's client retries it in
-        urllib3, sleeping 4, 8, ... up to 120 s between tries (MLFLOW_HTTP_REQUEST_MAX_RETRIES,
-        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR), so after a two-minute outage the call went on for
-        two more minutes, and every call behind it waited. Connecting first fails at once
-        instead, and this thread's own waits (at most retry_max_s) decide when to try again.
-        A server that dies during a call still costs that call MLflow's retries."""
-        if self._address is not None:
-            socket.create_connection(self._address, timeout=CONNECT_PROBE_TIMEOUT_S).close()
-
     def _send(self, entry: Entry) -> None:
-        run_id = self._logger.run.run_id
         if entry.kind == "metrics":
             batch = [Metric(k, v, ts, step) for k, v, ts, step in entry.body["points"]]
             new = [m for m in batch if m.step > self._last_step_logged_before(m.key)]
             if new:
-                self._logger.client.log_batch(run_id, metrics=new)
+                self._calls.log_batch(metrics=new)
             for m in new:
                 self._logged_before[m.key] = max(m.step, self._logged_before.get(m.key, -1))
         elif entry.kind == "artifact":
             assert entry.file is not None
-            self._logger.client.log_artifact(run_id, entry.file, entry.body["artifact_path"])
+            self._calls.log_artifact(entry.file, entry.body["artifact_path"])
         else:
-            self._logger.set_tags(entry.body["tags"])
+            self._calls.log_batch(tags=[RunTag(k, v) for k, v in entry.body["tags"].items()])
 
     def _last_step_logged_before(self, key: str) -> int:
         if key not in self._logged_before:
-            history = self._logger.client.get_metric_history(self._logger.run.run_id, key)
-            self._logged_before[key] = max((m.step for m in history), default=-1)
+            self._logged_before[key] = max(self._calls.logged_steps(key), default=-1)
         return self._logged_before[key]
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,9 +27,11 @@ from typing import Any
 
 import distributed
 import pytest
+from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef
+from ddpflow.tracking.one_try import OneTryCalls
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from ddpflow.training.batching import epoch_batches
 from flows.params import CharLMParams
@@ -189,6 +193,45 @@ def test_logging_resumes_within_its_own_retry_wait_once_mlflow_is_back(
     finally:
         logger.close()
     assert [m.step for m in client.get_metric_history(run_id, "loss")] == [1]
+
+
+def test_a_call_whose_server_goes_away_mid_call_is_tried_once(tmp_path, monkeypatch):
+    """The logging thread's calls are not retried inside MLflow's client, which sleeps up to
+    120 s between tries: a call in flight when the server went away went in up to two
+    minutes after the server was back. Each call is one connection; the thread's own waits
+    decide the next try. A socket that accepts each connection and closes it unanswered
+    stands in for a server stopping in the middle of a call (a real server cannot be stopped
+    at that exact point). MLflow's back-off is set to 0 only so that a regression fails in
+    seconds, not minutes."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    connections = 0
+
+    def drop_every_connection(listener: socket.socket) -> None:
+        nonlocal connections
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:  # the listener closed: the test is over
+                return
+            connections += 1
+            conn.close()
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        threading.Thread(target=drop_every_connection, args=(listener,), daemon=True).start()
+        calls = OneTryCalls(f"http://127.0.0.1:{listener.getsockname()[1]}", "0" * 32)
+        checkpoint = tmp_path / "epoch-0001.pt"
+        checkpoint.write_bytes(b"checkpoint bytes")
+        tries = {
+            "log_batch": lambda: calls.log_batch(metrics=[Metric("loss", 1.0, 0, 1)]),
+            "logged_steps": lambda: calls.logged_steps("loss"),
+            "log_artifact": lambda: calls.log_artifact(str(checkpoint), "checkpoints"),
+        }
+        for name, call in tries.items():
+            before = connections
+            with pytest.raises(Exception, match="Connection aborted|RemoteDisconnected"):
+                call()
+            time.sleep(0.2)  # a retry would have connected again by now
+            assert connections - before == 1, f"{name} connected {connections - before} times"
 
 
 def test_mlflow_gone_for_good_the_flow_lists_exactly_what_is_missing(

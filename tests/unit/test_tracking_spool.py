@@ -1,8 +1,8 @@
 """The tracking spool: rank 0's logging calls wait on disk, bounded, oldest first.
 
 A dead MLflow here is a 127.0.0.1 port where nothing listens (real HTTP, refused at once);
-MLflow's client is told not to retry it (MLFLOW_HTTP_REQUEST_MAX_RETRIES=0) so that the
-tests take seconds, not its default minutes. An MLflow that is back is a SQLite store.
+the logging thread tries each call once (ddpflow.tracking.one_try), so the tests take
+seconds, not MLflow's default minutes of retries. An MLflow that is back is a SQLite store.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from ddpflow.checkpoint.store import record_checkpoint
-from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef, server_address, spool_folder
+from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef, spool_folder
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG, end_run, start_run
 from ddpflow.tracking.spool import (
     NOT_KEPT_NAME,
@@ -30,8 +30,7 @@ from ddpflow.tracking.spool import (
 
 
 @pytest.fixture
-def dead_mlflow(monkeypatch) -> RunRef:
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+def dead_mlflow() -> RunRef:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return RunRef(f"http://127.0.0.1:{sock.getsockname()[1]}", "0" * 32)
@@ -179,21 +178,3 @@ def test_a_spool_folder_that_cannot_be_made_falls_back_to_a_temporary_one(tmp_pa
     spool = _open_spool(wanted, 1024)
     assert spool.folder != wanted and spool.folder.is_dir()
     assert "cannot keep logging calls in" in caplog.text
-
-
-def test_the_connection_check_goes_to_the_tracking_server_unless_a_proxy_carries_it(
-    monkeypatch,
-):
-    """The logging thread connects before each call only where MLflow's client connects
-    directly: an http(s) server without a proxy, or one that NO_PROXY exempts."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    assert server_address("sqlite:///mlflow.db") is None
-    assert server_address("databricks") is None
-    assert server_address("http://tracking.example") == ("tracking.example", 80)
-    assert server_address("https://user:pw@tracking.example:8443/x") == ("tracking.example", 8443)
-    monkeypatch.setenv("https_proxy", "http://proxy.example:3128")
-    assert server_address("https://tracking.example") is None, "only the proxy is reached"
-    assert server_address("http://tracking.example") == ("tracking.example", 80), "no http proxy"
-    monkeypatch.setenv("no_proxy", "tracking.example")
-    assert server_address("https://tracking.example") == ("tracking.example", 443)
