@@ -22,6 +22,7 @@ from ddpflow.distributed.progress import Progress, progress_topic, send_progress
 
 if TYPE_CHECKING:
     import torch
+    import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
             timeout=timeout,
             pg_options=options,
         )
+        wait_until_all_joined(store, spec.rank, spec.world_size, timeout)
         # The others wait for rank 0 as long as it may retry a write, plus one group timeout.
         main_io = MainIO(store, bound_s=store_outage_s() + spec.timeout_s)
         try:
@@ -134,6 +136,27 @@ def process_group(spec: RankSpec) -> Iterator[RankContext]:
             )
         finally:
             dist.destroy_process_group()
+
+
+def wait_until_all_joined(
+    store: dist.Store, rank: int, world_size: int, timeout: timedelta
+) -> None:
+    """Return once every rank's init_process_group has returned.
+
+    gloo's join can return on one side of a connection before the other side finished its
+    handshake: a rank whose function then ended at once left the group while a slower peer
+    was still connecting to it, and that peer's join failed ("Connection closed by peer";
+    seen when a relaunch's replacement worker started slower than its peer). Rank 0 serves
+    the store, so it also waits until every other rank made its last call here.
+    """
+    if world_size < 2:
+        return
+    store.set(f"joined/{rank}", "1")
+    store.wait([f"joined/{r}" for r in range(world_size)], timeout)
+    if rank == 0:
+        store.wait([f"through/{r}" for r in range(1, world_size)], timeout)
+    else:
+        store.set(f"through/{rank}", "1")
 
 
 def _reset_group_names() -> None:

@@ -71,3 +71,19 @@ def mlflow_fails_once(ctx: RankContext, tracking_uri: str, marker_dir: str) -> i
         os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"  # fail at once, not after minutes
         MlflowClient(tracking_uri).get_experiment("0")
     return ctx.rank
+
+
+def join_slowly_once(joined_file: str, delay_s: float) -> None:
+    """Run on one worker (fault injection): its next rank's join returns `delay_s` late
+    and notes when, as a worker that started slower than its peers would join."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+
+    def slow(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        dist.init_process_group = original
+        original(*args, **kwargs)
+        time.sleep(delay_s)
+        Path(joined_file).write_text(str(time.time()))
+
+    dist.init_process_group = slow

@@ -25,7 +25,7 @@ from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
 from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.charlm.training import train_rank
-from tests.integration.rank_functions import stuck_once
+from tests.integration.rank_functions import join_slowly_once, started_at, stuck_once
 
 pytestmark = pytest.mark.integration
 
@@ -326,6 +326,19 @@ def test_a_relaunch_does_not_wait_for_a_stuck_rank_of_the_failed_group(dask_clie
     # machine; waiting for the stuck rank would take its 120 s.
     assert max(results) - failed_at < 60, f"relaunch ran {max(results) - failed_at:.1f}s later"
     _wait_idle(dask_client)
+
+
+def test_no_rank_starts_its_function_before_every_rank_has_joined(dask_client, tmp_path):
+    """A rank whose function ends at once must not leave the group while a slower peer is
+    still joining it: gloo's join returned on one side first, and the peer's join then
+    failed with "Connection closed by peer" (a full run on 1edceba: a relaunch onto a
+    replacement worker). One worker's join is made 2 s slower; both ranks' functions begin
+    only after it joined."""
+    joined = tmp_path / "joined"
+    slow = sorted(dask_client.scheduler_info()["workers"])[0]
+    dask_client.run(join_slowly_once, str(joined), 2.0, workers=[slow])
+    starts = launch(dask_client, started_at, world_size=2, timeout_s=30)
+    assert min(starts) >= float(joined.read_text()), "a rank began before its peer joined"
 
 
 @pytest.mark.timeout(120)
