@@ -51,7 +51,7 @@ HEAVY_FIRST = [
     "test_sweep_flow",
     "test_train_charlm_flow",
     "test_images_flow",
-    "test_tracking_outage",  # ~440 s, mostly an outage's waiting: never at the tail
+    "test_tracking_outage",  # ~290 s, two minutes of it an outage (little CPU): never at the tail
     "slurm",
     "test_external_cluster",
     "test_bad_inputs_cli",
