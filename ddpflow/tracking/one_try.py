@@ -30,6 +30,7 @@ from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT
 from mlflow.protos.service_pb2 import GetMetricHistory, GetRun, LogBatch
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
+from mlflow.store.tracking import GET_METRIC_HISTORY_MAX_RESULTS
 from mlflow.tracking import MlflowClient
 from mlflow.utils.credentials import get_default_host_creds
 from mlflow.utils.proto_json_utils import message_to_json, parse_dict
@@ -40,7 +41,6 @@ from mlflow.utils.rest_utils import http_request, verify_rest_response
 LOG_BATCH = "/api/2.0/mlflow/runs/log-batch"
 GET_METRIC_HISTORY = "/api/2.0/mlflow/metrics/get-history"
 GET_RUN = "/api/2.0/mlflow/runs/get"
-HISTORY_PAGE = 25_000  # what MlflowClient asks for per page
 # A tracking server that does not accept a connection in this time is taken as down: the
 # thread tries again within retry_max_s. Reading an answer may take MLflow's usual timeout.
 CONNECT_TIMEOUT_S = 5.0
@@ -85,7 +85,10 @@ class OneTryCalls:
         token = None
         while True:
             request = GetMetricHistory(
-                run_id=self.run_id, metric_key=key, max_results=HISTORY_PAGE, page_token=token
+                run_id=self.run_id,
+                metric_key=key,
+                max_results=GET_METRIC_HISTORY_MAX_RESULTS,  # what MlflowClient asks for
+                page_token=token,
             )
             page = self._call(GET_METRIC_HISTORY, "GET", request)
             steps += [m.step for m in page.metrics]
