@@ -39,7 +39,7 @@ test: $(STAMP)
 		--durations=25 $(ARGS)
 
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest tests/unit -n $(TEST_PROCS) $(ARGS)
+	$(BIN)/python -m pytest tests/unit -n $(TEST_PROCS) --dist loadscope --no-loadscope-reorder $(ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
