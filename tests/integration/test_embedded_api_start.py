@@ -16,10 +16,12 @@ import urllib.request
 
 import psutil
 import pytest
+from prefect import get_client
 
-from ddpflow.integrations.prefect.server import server_env, start_server
+from ddpflow.integrations.prefect.server import server_env, start_server, wait_healthy
 from tests.integration.charlm_runs import TINY
 from tests.integration.conftest import REPO, project_env
+from tests.integration.prefect_harness import api_of_this_process
 
 pytestmark = pytest.mark.integration
 
@@ -82,6 +84,29 @@ def test_no_other_listener_can_take_the_servers_port_while_it_starts(tmp_path):
                 time.sleep(0.2)
         else:
             pytest.fail(f"the server did not answer on port {port} within 120 s")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def test_a_secret_block_saves_and_loads_on_a_server_that_skips_block_registration(tmp_path):
+    """The servers a flow starts skip Prefect's registration of every block type at start
+    (ddpflow.integrations.prefect.server.BLOCK_REGISTRATION; the database template has the
+    types). On a fresh database, without the template, a Secret block still saves (saving
+    registers its type) and loads."""
+    from prefect.blocks.system import Secret
+
+    port, server = start_server({**server_env(), "PREFECT_HOME": str(tmp_path)})
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        wait_healthy(f"{url}/health", server, 120)
+        with api_of_this_process(url):
+            Secret(value="not-a-real-secret").save("ddpflow-test")
+            assert Secret.load("ddpflow-test").get() == "not-a-real-secret"
+            with get_client(sync_client=True) as client:
+                types = {t.slug for t in client.read_block_types()}
+        assert "secret" in types
+        assert "local-file-system" not in types, "the server registered every block type"
     finally:
         server.terminate()
         server.wait(30)

@@ -25,7 +25,12 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from ddpflow.integrations.prefect.server import server_env, start_server, wait_healthy
+from ddpflow.integrations.prefect.server import (
+    BLOCK_REGISTRATION,
+    server_env,
+    start_server,
+    wait_healthy,
+)
 from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 # Either names a database other than PREFECT_HOME/prefect.db: then that is Prefect's database.
@@ -69,6 +74,7 @@ def build(target: Path | None = None, timeout_s: float = BUILD_TIMEOUT_S) -> Pat
         raise RuntimeError("Prefect is not installed: there is no database to make")
     with tempfile.TemporaryDirectory(prefix="ddpflow-prefect-home-") as home:
         env = {**server_env(), "PREFECT_HOME": home}  # the server a flow starts, elsewhere
+        env.update(dict.fromkeys(BLOCK_REGISTRATION, "true"))  # the template has the blocks
         for name in (*DATABASE_URL_VARIABLES, TEMPLATE_VARIABLE):
             env.pop(name, None)
         port, server = start_server(env)
