@@ -115,7 +115,7 @@ class BackgroundMlflowLogger:
         max_spool_bytes: int | None = None,
         retry_max_s: float = 10.0,
     ):
-        self._logger = MlflowLogger(run)
+        self._run = run
         self._calls = OneTryCalls(run.tracking_uri, run.run_id)
         self._close_timeout_s = flush_timeout_s() if close_timeout_s is None else close_timeout_s
         self.spool = _open_spool(spool_dir, max_spool_bytes or spool_max_bytes())
@@ -181,7 +181,7 @@ class BackgroundMlflowLogger:
             log.error(
                 "MLflow run %s is missing %d logging calls after waiting %.0fs (%s); they "
                 "stay in %s: %s",
-                self._logger.run.run_id, len(unsent), self._close_timeout_s,
+                self._run.run_id, len(unsent), self._close_timeout_s,
                 FLUSH_TIMEOUT_ENV, self.spool.folder, "; ".join(u.line() for u in unsent),
             )  # fmt: skip
         else:

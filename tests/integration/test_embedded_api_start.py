@@ -18,7 +18,12 @@ import psutil
 import pytest
 from prefect import get_client
 
-from ddpflow.integrations.prefect.server import server_env, start_server, wait_healthy
+from ddpflow.integrations.prefect.server import (
+    server_env,
+    start_server,
+    stop_server,
+    wait_healthy,
+)
 from tests.integration.charlm_runs import TINY
 from tests.integration.conftest import REPO, project_env
 from tests.integration.prefect_harness import api_of_this_process
@@ -108,8 +113,7 @@ def test_a_secret_block_saves_and_loads_on_a_server_that_skips_block_registratio
         assert "secret" in types
         assert "local-file-system" not in types, "the server registered every block type"
     finally:
-        server.terminate()
-        server.wait(30)
+        stop_server(server, 30)
 
 
 # A flow run the way a flow's command line runs one (start_early before Prefect is
