@@ -7,18 +7,15 @@ import contextlib
 import json
 import os
 import sys
-import typing
 from typing import Any
 
 from prefect import Flow
 from prefect.exceptions import ParameterTypeError
 from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
-from pydantic import ValidationError
 
 from ddpflow.integrations.prefect import early_api
-from ddpflow.param_types import union_members
 from ddpflow.storage.redact import redact_text
-from flows.param_docs import field_help, parameter_model
+from flows.param_docs import field_help, parameter
 
 # Prefect's client retries a request to an API it has reached before, pausing 1, 2, 4, ... s.
 # Its default 5 retries span about 30 s, less than a server restart on a busy host takes
@@ -48,10 +45,9 @@ def _parse_json(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
 
 
-def _takes_json(annotation: Any) -> bool:
+def _takes_json(field: dict[str, Any]) -> bool:
     """A dict or list field (e.g. --grid '{"lr": [0.001, 0.01]}') is given as JSON."""
-    members = union_members(annotation)
-    return any(typing.get_origin(m) in (dict, list) or m in (dict, list) for m in members)
+    return any(m.get("type") in ("object", "array") for m in field.get("anyOf", [field]))
 
 
 def _redacted(value: Any) -> Any:
@@ -73,13 +69,13 @@ def parse_args(flow: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(
         prog=f"python -m flows.{module.split('.')[-1]}", description=flow.description
     )
-    for field, info in parameter_model(flow)[1].model_fields.items():
+    for field, schema in parameter(flow)[2].items():
         parser.add_argument(
             f"--{field.replace('_', '-')}",
             dest=field,
             default=argparse.SUPPRESS,
-            type=_parse_json if _takes_json(info.annotation) else str,
-            help=f"{field_help(info)}; default: {info.default!r}".replace("%", "%%"),
+            type=_parse_json if _takes_json(schema) else str,
+            help=f"{field_help(schema)}; default: {schema['default']!r}".replace("%", "%%"),
         )
     return vars(parser.parse_args(argv))
 
@@ -94,10 +90,10 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     redaction changes is one the model refuses: flows.params).
     """
     given = parse_args(flow, argv)
-    name, model = parameter_model(flow)
+    name = parameter(flow)[0]
     try:
-        value: Any = model.model_validate(given)
-    except ValidationError:
+        value: Any = flow.validate_parameters({name: given})[name]
+    except ParameterTypeError:
         value = _redacted(given)
     # The ephemeral API server would try to send telemetry over a network we may not have.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")

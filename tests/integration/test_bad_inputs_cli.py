@@ -80,13 +80,17 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
 
 def test_train_charlm_rejects_an_infinite_rank_timeout(project: Path, fails_naming) -> None:
     fails_naming(
-        train_charlm, ["--rank-timeout-s", "inf"], project, "rank_timeout_s='inf'", "e.g. 120"
+        train_charlm,
+        ["--rank-timeout-s", "inf"],
+        project,
+        "rank_timeout_s='inf': Input should be a finite number",
     )
 
 
 def test_sweep_rejects_a_seed_that_overflows_the_generator(project: Path, fails_naming) -> None:
     seed = str(MAX_SEED + 1)
-    fails_naming(sweep_charlm, ["--seed", seed], project, f"seed='{seed}'", f"from 0 to {MAX_SEED}")
+    bound = f"seed='{seed}': Input should be less than or equal to {MAX_SEED}"
+    fails_naming(sweep_charlm, ["--seed", seed], project, bound)
 
 
 # docs/s3-and-servers.md "Pre-flight": stops an unreachable cluster before any work. (The

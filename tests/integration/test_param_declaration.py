@@ -1,7 +1,7 @@
 """Every flow parameter is declared once, in the flow's parameter model (flows/params.py,
 shared types in ddpflow/param_types.py), and Prefect's validation and parameter schema, the
-command line, the sweep's trial checks, the docs tables and the deployment file agree with
-that declaration."""
+command line and the docs tables (both made from that schema), the sweep's trial checks and
+the deployment file agree with that declaration."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from flows.cli import run_cli
 from flows.params import (
     CharLMParams,
     CharLMScalingParams,
-    CharLMTraining,
     ImageParams,
     ImageScalingParams,
     ParameterError,
@@ -74,11 +73,19 @@ def test_prefect_schema_has_each_field_default_limits_and_description(name: str)
 
 
 def test_help_carries_the_declared_limits() -> None:
-    fields = CharLMParams.model_fields
+    name, model, fields = param_docs.parameter(FLOWS["train-charlm"])
+    assert (name, model, list(fields)) == (
+        "training",
+        "CharLMParams",
+        list(CharLMParams.model_fields),
+    )
     assert param_docs.field_help(fields["epochs"]) == "passes over the training data [1 to 10000]"
     assert param_docs.field_help(fields["lr"]) == "Adam learning rate [> 0, <= 10]"
     assert param_docs.field_help(fields["precision"]).endswith("[auto, fp32, bf16, fp16]")
     assert param_docs.field_help(fields["pin_memory"]).endswith("[auto, true, false]")
+    assert param_docs.field_help(fields["rank_timeout_s"]).endswith("[> 0, <= 604800]")
+    assert param_docs.field_help(fields["source"]).endswith("[not empty]")
+    assert param_docs.field_help(fields["compile"]) == "torch.compile the DDP model"
 
 
 @pytest.mark.parametrize("name", sorted(FLOW_MODELS))
@@ -90,7 +97,7 @@ def test_the_defaults_pass_the_flows_own_checks(name: str) -> None:
 
 def test_a_sweep_trial_defaults_to_what_train_charlm_trains_with() -> None:
     for field in ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed"):
-        assert SweepParams().model_dump()[field] == CharLMTraining().model_dump()[field], field
+        assert SweepParams().model_dump()[field] == CharLMParams().model_dump()[field], field
 
 
 def test_a_scaling_run_trains_with_train_charlms_defaults_but_keeps_one_checkpoint() -> None:
@@ -109,7 +116,10 @@ def test_the_command_line_shows_the_declared_help(capsys) -> None:
 
 def test_prefect_refuses_a_flow_call_with_the_models_explanation() -> None:
     flow = FLOWS["scaling-charlm"]
-    with pytest.raises(ParameterTypeError, match=r"epochs=0: .*; pass an integer from 1 to"):
+    refused = r"epochs=0: Input should be greater than or equal to 1; grid='\{': "
+    with pytest.raises(ParameterTypeError, match=refused):
+        FLOWS["sweep-charlm"].validate_parameters({"sweep": {"epochs": 0, "grid": "{"}})
+    with pytest.raises(ParameterTypeError, match=r"epochs=0: Input should be greater than or eq"):
         flow.validate_parameters({"scaling": {"epochs": 0}})
     checked = flow.validate_parameters({"scaling": {"epochs": "2", "compile": "false"}})
     assert checked["scaling"] == CharLMScalingParams(epochs=2)
@@ -160,7 +170,7 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 @pytest.mark.parametrize(
     ("planted", "found"),
     [
-        ("| `epochs` | int | `3` |", "| `epochs` | int | `4` |"),  # a default, in the docs only
+        ("| `epochs` | integer | `3` |", "| `epochs` | integer | `4` |"),  # a default, docs only
         ("| 1 to 8192 |", "| 1 to 4096 |"),  # a bound
         ("| `keep_last` |", "| `keep_lastt` |"),  # a name
     ],
@@ -199,27 +209,35 @@ MODELS = (CharLMParams, ImageParams, SweepParams, CharLMScalingParams, ImageScal
 MODELS += (RetrainParams,)
 
 
+# Each declared bound of each field, tested just outside it.
 BOUNDED = sorted(
-    {(m.__name__, f) for m in MODELS for f, info in m.model_fields.items() if bounds_of(info)}
+    {
+        (m.__name__, f, kind)
+        for m in MODELS
+        for f, info in m.model_fields.items()
+        for kind in bounds_of(info)
+    }
 )
+PHRASES = {
+    "ge": "greater than or equal to",
+    "gt": "greater than",
+    "le": "less than or equal to",
+    "lt": "less than",
+}
 
 
-@pytest.mark.parametrize(("model_name", "field"), BOUNDED)
-def test_a_value_out_of_bounds_is_refused_with_the_declared_bounds(model_name, field) -> None:
-    # The fix is read from the declaration ("pass an integer from 1 to 8192, e.g. 128"): a
-    # changed bound changes what the refusal tells the user to pass.
+@pytest.mark.parametrize(("model_name", "field", "kind"), BOUNDED)
+def test_a_value_out_of_bounds_is_refused_with_the_declared_bound(model_name, field, kind) -> None:
+    # Pydantic's message states the broken bound, read from the declaration: a changed bound
+    # changes what the refusal tells the user.
     model = next(m for m in MODELS if m.__name__ == model_name)
-    bounds = bounds_of(model.model_fields[field])
-    if "ge" in bounds or "gt" in bounds:
-        value = bounds["ge"] - 1 if "ge" in bounds else bounds["gt"]
-    else:
-        value = bounds["le"] + 1 if "le" in bounds else bounds["lt"]
+    bound = bounds_of(model.model_fields[field])[kind]
+    value = {"ge": bound - 1, "gt": bound, "le": bound + 1, "lt": bound}[kind]
     with pytest.raises(ParameterError) as refused:
         validate_params(model, {field: value})
-    message = str(refused.value)
-    assert f"{field}={value!r}: " in message and "; pass " in message, message
-    for bound in bounds.values():
-        assert (str(bound) if isinstance(bound, int) else f"{bound:g}") in message, message
+    shown = str(bound).removesuffix(".0")  # pydantic shows 256.0 as 256
+    expected = f"{field}={value!r}: Input should be {PHRASES[kind]} {shown}"
+    assert str(refused.value) == f"invalid flow parameters: {expected}"
 
 
 def _entrypoints() -> list[str]:

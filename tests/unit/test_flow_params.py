@@ -118,8 +118,8 @@ def test_speed_settings_default_to_auto_and_take_cli_text() -> None:
     assert (params.precision, params.pin_memory, params.compile) == ("auto", "auto", False)
     text = validate_params(CharLMParams, {**VALID, "pin_memory": "False", "precision": "bf16"})
     assert (text.pin_memory, text.precision) == (False, "bf16")
-    fix = "pass one of auto, fp32, bf16, fp16"
-    with pytest.raises(ParameterError, match=rf"precision='fp8'.*; {fix}$"):
+    fix = "Input should be 'auto', 'fp32', 'bf16' or 'fp16'"
+    with pytest.raises(ParameterError, match=rf"precision='fp8': {fix}$"):
         validate_params(CharLMParams, {**VALID, "precision": "fp8"})
 
 
@@ -143,5 +143,5 @@ def test_checkpoint_interval_defaults_agree_with_the_flows() -> None:
 
 
 def test_a_nan_checkpoint_interval_is_refused_with_the_fix() -> None:
-    with pytest.raises(ParameterError, match=r"checkpoint_every_s=nan: .*e\.g\. 600"):
+    with pytest.raises(ParameterError, match=r"checkpoint_every_s=nan: .*a finite number$"):
         validate_params(CharLMParams, {**VALID, "checkpoint_every_s": float("nan")})

@@ -73,3 +73,11 @@ def test_cli_passes_only_what_was_given_and_numbers_as_text_the_model_parses() -
     assert given == {"epochs": "2", "lr": "0.5"}
     params = validate_params(SweepParams, given)
     assert (params.epochs, params.lr, params.batch_size) == (2, 0.5, SweepParams().batch_size)
+
+
+def test_a_refused_value_with_braces_is_shown_as_given() -> None:
+    # The explanation is a pydantic custom error without a context: shown as is, so a brace
+    # in a value is neither doubled nor taken for a placeholder.
+    with pytest.raises(ParameterError) as info:
+        validate_params(SweepParams, {**VALID, "grid": '{"lr": [1]'})
+    assert str(info.value).endswith("""grid='{"lr": [1]': Input should be a valid dictionary""")
