@@ -11,16 +11,14 @@ from ddpflow.training.batching import MAX_EPOCHS, MAX_SEED
 MAX_HIDDEN_SIZE, MAX_NUM_LAYERS = 8192, 64  # read back from checkpoints too, before allocating
 MAX_RANK_TIMEOUT_S = 7 * 24 * 3600.0  # a week without progress is stuck; timedelta overflows
 
-Seed = Annotated[
-    int, Field(ge=0, description="data order, initial weights and sampling"), Field(le=MAX_SEED)
-]
+SEED_HELP = "data order, initial weights and sampling"
+Seed = Annotated[int, Field(ge=0, description=SEED_HELP), Field(le=MAX_SEED)]  # a message per bound
 Epochs = Annotated[int, Field(ge=1, le=MAX_EPOCHS, description="passes over the training data")]
 BatchSize = Annotated[int, Field(ge=1, description="samples per rank per step")]
 LearningRate = Annotated[float, Field(gt=0, description="Adam learning rate"), Field(le=10)]
 HiddenSize = Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE, description="LSTM units per layer")]
 NumLayers = Annotated[int, Field(ge=1, le=MAX_NUM_LAYERS, description="LSTM layers")]
 Dropout = Annotated[float, Field(ge=0, lt=1, description="dropout between LSTM layers")]
-
 Fraction = Annotated[float, Field(gt=0, lt=1)]
 KeepLast = Annotated[int, Field(ge=1, description="checkpoints kept per run (step ones count too)")]
 TIMEOUT_HELP = "seconds a rank may take to start, in a collective or per step, else its group fails"
