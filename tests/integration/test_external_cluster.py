@@ -329,7 +329,8 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
         client.wait_for_workers(2, timeout=120)
         for kill in (False, True, False):
             before = checkpoints_of_epoch_1(project)
-            training = CharLMParams(**TINY_PARAMS)
+            # Two epochs: the kill lands after the first, the relaunch trains the second.
+            training = CharLMParams(**{**TINY_PARAMS, "epochs": 2})
             flow_run = start_in_process(
                 train_charlm, project, scheduler.url, monkeypatch, training=training
             )
