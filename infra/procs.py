@@ -13,6 +13,7 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -36,7 +37,8 @@ class Service:
     url: str
     log_path: Path
     stop_signal: int = int(signal.SIGTERM)
-    # The leader's start time guards against signalling an unrelated process after pid reuse.
+    # The leader's start (process_start) guards against signalling an unrelated process after
+    # pid reuse.
     create_time: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -135,19 +137,38 @@ def spawn(
         )
     _CHILDREN[proc.pid] = proc
     try:
-        create_time = psutil.Process(proc.pid).create_time()
+        create_time = process_start(psutil.Process(proc.pid))
     except psutil.Error:  # exited at once: the health wait reports it with its log
         create_time = 0.0
     return Service(name, proc.pid, "", log_path, create_time=create_time)
 
 
+def process_start(proc: psutil.Process) -> float:
+    """When `proc` started, to tell it from a later process given the same pid. On Linux in
+    seconds since boot: psutil's create_time() is that plus the boot time, which the kernel
+    recomputes from the wall clock at each read of /proc/stat, so a step of the clock (a
+    machine paused and resumed, NTP) moves every process's create_time() at once. One of
+    about a minute during a full test run made each service started before it look like
+    another process under its pid: its stop signalled nothing and left it running (an MLflow
+    server went on serving through the outage a test had just begun). Elsewhere, as psutil
+    gives it."""
+    started = proc.create_time()
+    return started - psutil.boot_time() if sys.platform.startswith("linux") else started
+
+
+def same_start(recorded: float, proc: psutil.Process) -> bool:
+    """True if `proc` is the process whose process_start was `recorded`."""
+    return abs(process_start(proc) - recorded) < 0.05  # psutil's ticks are 0.01 s
+
+
 def pid_alive(pid: int, create_time: float | None = None) -> bool:
-    """True if pid runs (a zombie is dead) and, when given, started at create_time."""
+    """True if pid runs (a zombie is dead) and, when given, is the process that started at
+    create_time (process_start)."""
     if pid in _CHILDREN and _CHILDREN[pid].poll() is not None:
         return False
     try:
         proc = psutil.Process(pid)
-        if create_time is not None and abs(proc.create_time() - create_time) > 0.05:
+        if create_time is not None and not same_start(create_time, proc):
             return False
         return proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -219,7 +240,7 @@ def _group_is_ours(service: Service) -> bool:
     group has members, pid == pgid cannot have been handed to an unrelated process.
     """
     try:
-        return abs(psutil.Process(service.pid).create_time() - service.create_time) < 0.05
+        return same_start(service.create_time, psutil.Process(service.pid))
     except psutil.NoSuchProcess:
         return True
     except psutil.Error:

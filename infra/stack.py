@@ -18,7 +18,7 @@ import psutil
 
 from infra import s3_user, services
 from infra.auth import StackSecrets
-from infra.procs import Service, ServiceError, members, pid_alive, port_is_free
+from infra.procs import Service, ServiceError, members, pid_alive, port_is_free, process_start
 from infra.state import BUCKET, WORK_POOL, StackError, StackState, client_env, summary
 
 DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5000, "moto": 9000, "dask": 8786}
@@ -154,7 +154,7 @@ def stop_stack(stack_dir: Path) -> bool:
     if state is None:
         return False
     # Snapshot every process now: once a leader dies its children can no longer be found by tree.
-    snapshot = [(p.pid, p.create_time()) for s in state.services for p in _safe_members(s)]
+    snapshot = [(p.pid, process_start(p)) for s in state.services for p in _safe_members(s)]
     errors = _stop_all(state.services)
     survivors = [pid for pid, created in snapshot if pid_alive(pid, created)]
     if survivors:

@@ -24,18 +24,18 @@ def one_torch_thread() -> Iterator[None]:
 # scheduler below). Each integration module runs whole on one process, so its module-scoped
 # fixtures (a cluster, a trained project, a server) are built once; so does each module of
 # the other tiers outside tests/unit (the compose stack, GPU). Modules sharing a
-# session-scoped fixture share a group, so that fixture is built once too: the uninterrupted
-# reference run (fault tolerance, multi-host) and the Slurm cluster. Unit tests have no
-# group: any process takes them one by one.
+# session-scoped fixture that lives in its process share a group, so that fixture is built
+# once too: the Slurm cluster. (The uninterrupted reference run that the fault-tolerance,
+# multi-host and graceful-leave modules compare with is a folder any process reads, made
+# once under a file lock: tests/integration/session_folder.py; so those modules, about 20
+# minutes together, run side by side.) Unit tests have no group: any process takes them
+# one by one.
 #
 # Why a scheduler and not `xdist_group` marks: pytest-xdist 3.8 puts a mark's group into the
 # test id by assigning `item._nodeid`, which pytest 9.2 no longer reads (the id lives in
 # `item._id`), so with `--dist loadgroup` every test was its own unit and each module's
 # fixtures were built once on each process. tests/integration/test_xdist_groups.py checks the split.
 SHARED_GROUPS = {
-    "test_fault_tolerance": "charlm-reference",
-    "test_multihost": "charlm-reference",
-    "test_graceful_leave": "charlm-reference",
     "test_slurm": "slurm",
     "test_cluster_backends": "slurm",
 }
@@ -45,7 +45,8 @@ SHARED_GROUPS = {
 # it first, its ten containers ran beside the fault and launcher tests and a LocalCluster
 # there lost a nanny (ddpflow/cluster/kept_nannies.py; load is the likely link, not proven).
 HEAVY_FIRST = [
-    "charlm-reference",  # ~800 s
+    "test_fault_tolerance",  # ~460-590 s; it and multi-host start together, one computes
+    "test_multihost",  # ~450-490 s; the shared reference while the other waits for it
     "test_deployments",  # ~230 s
     "test_outages",  # ~270 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
@@ -59,6 +60,7 @@ HEAVY_FIRST = [
     "test_retrain_flow",
     "test_secrets",
     "test_inspection",
+    "test_graceful_leave",
 ]
 
 

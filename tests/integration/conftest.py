@@ -29,6 +29,7 @@ from ddpflow.tracking.store import template as mlflow_store_template
 from tests.integration.charlm_runs import SMALL_SOURCE, TINY, final_weights
 from tests.integration.prefect_harness import prefect_api
 from tests.integration.s3_servers import moto_server
+from tests.integration.session_folder import session_folder
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -431,11 +432,15 @@ def run_flow(
 @pytest.fixture(scope="session")
 def charlm_reference_project(tmp_path_factory) -> Path:
     """The project folder of an uninterrupted tiny 2-rank training on the laptop default (a
-    LocalCluster): its checkpoints and its MLflow run are what exact resumes reproduce."""
-    project = tmp_path_factory.mktemp("charlm-reference")
-    result = run_flow("train_charlm", TINY, project, timeout_s=400)
-    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    return project
+    LocalCluster): its checkpoints and its MLflow run are what exact resumes reproduce.
+    Trained once per session, for the fault, multi-host and graceful-leave modules on
+    whichever processes they run (session_folder); they only read it."""
+
+    def train(project: Path) -> None:
+        result = run_flow("train_charlm", TINY, project, timeout_s=400)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+
+    return session_folder(tmp_path_factory, "charlm-reference", train)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ from distributed.security import Security
 
 from infra import services, stack
 from infra.certs import make_certs, security_from_env
-from infra.procs import ServiceError, pid_alive, spawn, wait_http
+from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
 
 pytestmark = pytest.mark.integration
@@ -38,14 +38,14 @@ def stack_processes(state: StackState) -> dict[int, float]:
     for proc in psutil.process_iter():
         try:
             if os.getpgid(proc.pid) in groups:
-                found[proc.pid] = proc.create_time()
+                found[proc.pid] = process_start(proc)
         except (OSError, psutil.Error):
             continue
     for service in state.services:
         try:
             leader = psutil.Process(service.pid)
             for proc in [leader, *leader.children(recursive=True)]:
-                found[proc.pid] = proc.create_time()
+                found[proc.pid] = process_start(proc)
         except psutil.Error:
             continue
     return found
