@@ -1,5 +1,5 @@
-"""The compose recipe (infra/docker/compose.yaml) run for real: the project's image built,
-the stack up with TLS and auth on, a training started with `prefect deployment run` on the
+"""The compose recipe (infra/docker/compose.yaml) run for real: the project's image built
+and run, the stack up with TLS and auth on, a training started with `prefect deployment run` on the
 stack's own Prefect worker, its MLflow run and S3 objects read back, and a client without
 credentials refused by every service.
 
@@ -28,7 +28,14 @@ import botocore.exceptions
 import pytest
 
 from infra.compose_check import read_env_file
-from tests.compose_stack.engine import REPO, build_images, ensure_engine, remove_project, run
+from tests.compose_stack.engine import (
+    PROJECT,
+    REPO,
+    build_images,
+    ensure_engine,
+    remove_project,
+    run,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker]
 
@@ -102,11 +109,44 @@ def _status(url: str, context: ssl.SSLContext | None = None, post: bool = False)
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[dict]:
-    """The stack up (images built first), its folder and credentials; down on exit."""
+def images(tmp_path_factory) -> Iterator[str]:
+    """The project's image (tag), built with the base images it needs; the engine this
+    fixture started stops after the module."""
     engine = ensure_engine()
-    work = tmp_path_factory.mktemp("docker-build")
-    build_images(work)
+    try:
+        build_images(tmp_path_factory.mktemp("docker-build"))
+        yield PROJECT
+    finally:
+        if engine is not None:
+            engine.terminate()
+            engine.wait(timeout=60)
+
+
+def in_image(image: str, *argv: str) -> str:
+    result = run("docker", "run", "--rm", "--network", "none", image, *argv, timeout_s=300)
+    return result.stdout + result.stderr
+
+
+# infra/docker/Dockerfile: every process of the image imports the application code (flows,
+# tasks) from the checkout at /opt/ddpflow on PYTHONPATH, the wheel ships only the library,
+# and the image's default command is the flow's help, which needs no server.
+def test_the_image_runs_the_flows_and_tasks_of_its_checkout(images):
+    where = in_image(
+        images, "python", "-c",
+        "import ddpflow, flows.train_charlm, tasks.charlm, torch; "
+        "print(tasks.charlm.__file__, flows.train_charlm.__file__, ddpflow.__file__)",
+    )  # fmt: skip
+    tasks_file, flows_file, library_file = where.split()
+    assert tasks_file == "/opt/ddpflow/tasks/charlm.py", where
+    assert flows_file == "/opt/ddpflow/flows/train_charlm.py", where
+    assert library_file == "/opt/ddpflow/ddpflow/__init__.py", where  # the editable install
+    help_text = in_image(images)  # CMD: python -m flows.train_charlm --help
+    assert "--epochs" in help_text and "usage" in help_text.lower(), help_text[-2000:]
+
+
+@pytest.fixture(scope="module")
+def stack(images, tmp_path_factory) -> Iterator[dict]:
+    """The stack up on the built images, its folder and credentials; down on exit."""
     folder = tmp_path_factory.mktemp("stack")
     for name in ("compose.yaml", "mlflow-auth.ini", "nginx-tls.conf"):
         shutil.copy(RECIPE / name, folder / name)
@@ -151,9 +191,6 @@ def stack(tmp_path_factory) -> Iterator[dict]:
             [*COMPOSE, "down", "-v", "--timeout", "10"],
             cwd=folder, capture_output=True, check=False, timeout=300,
         )  # fmt: skip
-        if engine is not None:
-            engine.terminate()
-            engine.wait(timeout=60)
 
 
 @pytest.fixture(scope="module")
