@@ -123,6 +123,7 @@ def images(tmp_path_factory) -> Iterator[str]:
 
 
 def in_image(image: str, *argv: str) -> str:
+    """A command in a new container of `image` with no network: what the image holds alone."""
     result = run("docker", "run", "--rm", "--network", "none", image, *argv, timeout_s=300)
     return result.stdout + result.stderr
 
