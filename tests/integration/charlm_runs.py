@@ -162,7 +162,9 @@ def restart_rows(prefect_url: str, run_id: str) -> list[list[str]]:
 
     Read over the REST API: `prefect artifact inspect` renders through rich, which fails on
     the bracketed gloo source paths a restart cause can quote."""
-    body = {"artifacts": {"key": {"any_": ["charlm-restarts"]}}, "limit": 50}
+    # Newest first: the test process's API holds the restarts of every module before.
+    restarts = {"key": {"any_": ["charlm-restarts"]}}
+    body = {"artifacts": restarts, "sort": "CREATED_DESC", "limit": 50}
     response = httpx.post(f"{prefect_url}/artifacts/filter", json=body, timeout=30)
     response.raise_for_status()
     mine = [a["data"] for a in response.json() if f"MLflow run `{run_id}`" in a["data"]]

@@ -27,7 +27,7 @@ from ddpflow.cluster.build import local_cluster
 from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.tracking.store import template as mlflow_store_template
 from tests.integration.charlm_runs import SMALL_SOURCE, TINY, final_weights
-from tests.integration.prefect_harness import prefect_api
+from tests.integration.prefect_harness import api_of_this_process, prefect_server
 from tests.integration.s3_servers import moto_server
 from tests.integration.session_folder import session_folder
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
@@ -43,11 +43,21 @@ def dask_client() -> Iterator[distributed.Client]:
         yield client
 
 
+@pytest.fixture(scope="session")
+def shared_prefect_server() -> Iterator[str]:
+    """One Prefect API server for this test process (its URL), which the modules use in
+    turn: a start costs about 5 CPU-seconds and 5 s on an idle machine. What the tests read
+    back from it is selected by flow run (id, or the latest of a flow name), never "every
+    record", so the runs of a module before do not get in the way."""
+    with prefect_server(migrated_prefect_db()) as url:
+        yield url
+
+
 @pytest.fixture(scope="module")
-def prefect_api_url() -> Iterator[str]:
+def prefect_api_url(shared_prefect_server: str) -> Iterator[str]:
     """A Prefect API for a module whose flows run in this process on clusters of their own
     (flow_services has one with a cluster): its URL, this process's API meanwhile."""
-    with prefect_api(migrated_prefect_db()) as url:
+    with api_of_this_process(shared_prefect_server) as url:
         yield url
 
 
@@ -59,7 +69,7 @@ def flow_services_env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
+def flow_services(flow_services_env: dict[str, str], shared_prefect_server: str) -> Iterator[str]:
     """What `python -m flows.<name>` starts for each run, started once for a module whose
     flows run in the test's own process (run_in_process): a Prefect API and a Dask cluster
     of two worker processes (plain tcp on 127.0.0.1). Yields the scheduler's address.
@@ -70,7 +80,7 @@ def flow_services(flow_services_env: dict[str, str]) -> Iterator[str]:
     with (
         pytest.MonkeyPatch.context() as patch,
         dask.config.set(_dotted(dask.config.collect_env(flow_services_env))),
-        prefect_api(migrated_prefect_db()),
+        api_of_this_process(shared_prefect_server),
         local_cluster(2, env=flow_services_env, tls=False) as cluster,
     ):
         for name, value in flow_services_env.items():

@@ -23,8 +23,6 @@ import torch.distributed as dist
 
 from ddpflow.cluster.build import task_placement
 from ddpflow.distributed import PlanError, RankContext, launch
-from tests.integration.conftest import migrated_prefect_db
-from tests.integration.prefect_harness import prefect_api
 from tests.integration.resource_cluster import resource_cluster
 
 pytestmark = pytest.mark.integration
@@ -130,7 +128,7 @@ def test_other_tasks_stay_on_the_cpu_worker(gpu_cluster) -> None:
     assert len(set(client.gather(spread))) > 1
 
 
-def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
+def test_prefect_tasks_stay_on_the_cpu_worker(prefect_api_url, monkeypatch) -> None:
     """The flows' task runner applies the placement itself: a real flow on a real cluster,
     with .submit and .map, as download/format/evaluate are submitted."""
     from prefect import flow, task
@@ -143,15 +141,14 @@ def test_prefect_tasks_stay_on_the_cpu_worker(monkeypatch) -> None:
         return _task_where(seconds)
 
     monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    with prefect_api(migrated_prefect_db()):
-        env = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # workers report to the same API
-        workers = {name: {**spec, "env": env} for name, spec in WORKERS.items()}
-        with resource_cluster(workers) as (cluster, _, addresses):
+    env = {"PREFECT_API_URL": PREFECT_API_URL.value()}  # workers report to the same API
+    workers = {name: {**spec, "env": env} for name, spec in WORKERS.items()}
+    with resource_cluster(workers) as (cluster, _, addresses):
 
-            @flow(task_runner=PlacingDaskTaskRunner(address=cluster.scheduler_address))
-            def placed() -> list[str]:
-                submitted = [where.submit(0.2) for _ in range(4)]
-                mapped = where.map([0.2] * 4)
-                return [f.result() for f in submitted] + [f.result() for f in mapped]
+        @flow(task_runner=PlacingDaskTaskRunner(address=cluster.scheduler_address))
+        def placed() -> list[str]:
+            submitted = [where.submit(0.2) for _ in range(4)]
+            mapped = where.map([0.2] * 4)
+            return [f.result() for f in submitted] + [f.result() for f in mapped]
 
-            assert set(placed()) == {addresses["cpu-0"]}
+        assert set(placed()) == {addresses["cpu-0"]}

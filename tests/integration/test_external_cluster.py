@@ -34,13 +34,12 @@ from tests.integration.charlm_runs import SMALL_SOURCE, TINY_PARAMS
 from tests.integration.conftest import (
     REPO,
     flow_run_task_runs,
-    migrated_prefect_db,
     project_env,
     project_tracking,
     run_flow,
     start_in_process,
 )
-from tests.integration.prefect_harness import prefect_api
+from tests.integration.prefect_harness import api_of_this_process
 
 pytestmark = pytest.mark.integration
 MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
@@ -308,7 +307,7 @@ def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path
 
 @pytest.mark.timeout(900)
 def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    shared_prefect_server: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three trainings on one plain `dask worker --nworkers 2` (spawned worker processes,
     Dask's profiler on), the second with a worker SIGKILLed after its first epoch: each
@@ -322,7 +321,7 @@ def test_trainings_in_a_row_on_the_same_workers_each_register_a_version(
     project.mkdir()
     states = []
     with (
-        prefect_api(migrated_prefect_db()),
+        api_of_this_process(shared_prefect_server),
         external_dask(tmp_path, mark, **PROFILER_ON) as (scheduler, _),
         distributed.Client(scheduler.url, timeout=30) as client,
     ):

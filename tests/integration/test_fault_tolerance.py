@@ -398,7 +398,9 @@ def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(start, t
         time.sleep(1)
     assert [(e["payload"]["old_size"], e["payload"]["new_size"], e["payload"]["reason"])
             for e in events] == [(2, 3, "joined")]  # fmt: skip
+    this_run = {"any_": [str(state.state_details.flow_run_id)]}
     progress = _prefect_post(
-        url, "/artifacts/filter", {"artifacts": {"key": {"any_": ["charlm-progress"]}}}
-    )
+        url, "/artifacts/filter",
+        {"artifacts": {"key": {"any_": ["charlm-progress"]}, "flow_run_id": this_run}},
+    )  # fmt: skip
     assert any(line.group(0) in (a.get("description") or "") for a in progress), progress

@@ -5,7 +5,6 @@ replaces only that call, on a real Prefect API (prefect_harness) and a SQLite ML
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,19 +25,11 @@ from tasks.registration import (
     RegistrationFailed,
     register_trained,
 )
-from tests.integration.conftest import migrated_prefect_db
-from tests.integration.prefect_harness import prefect_api
 from tests.unit.champion_helpers import constant_model, save_checkpoint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 MODEL = "ddpflow-charlm-registration"
 PLANTED = "RuntimeError: We found a fake tensor in the exported program constant's list"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def prefect_server() -> Iterator[None]:
-    with prefect_api(migrated_prefect_db()):
-        yield
 
 
 @pytest.fixture
