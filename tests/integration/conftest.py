@@ -47,8 +47,9 @@ def dask_client() -> Iterator[distributed.Client]:
 def shared_prefect_server() -> Iterator[str]:
     """One Prefect API server for this test process (its URL), which the modules use in
     turn: a start costs about 5 CPU-seconds and 5 s on an idle machine. What the tests read
-    back from it is selected by flow run (id, or the latest of a flow name), never "every
-    record", so the runs of a module before do not get in the way."""
+    back from it is selected by flow run (id, the latest of a flow name, an artifact key
+    newest first), never "every record", so the runs of a module before do not get in the
+    way."""
     with prefect_server(migrated_prefect_db()) as url:
         yield url
 

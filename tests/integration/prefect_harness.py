@@ -8,7 +8,7 @@ the migrated template the flows' own embedded API starts from
 (ddpflow/integrations/prefect/db_template.py). Each test process starts one server
 (`shared_prefect_server` in tests/integration/conftest.py), and each module that needs it
 makes it the process's API for its own tests (`api_of_this_process`): one start per process
-instead of one per module, about 20 starts fewer in a full run.
+instead of one per module (in a full run, 27 Prefect server processes in all instead of 40).
 
 What the harness does for the flows is done alike: the server is Prefect's temporary one
 (the flows' own start_server), it is this process's PREFECT_API_URL (a setting, so threads
@@ -41,16 +41,8 @@ _HOMES: dict[str, Path] = {}
 
 
 def database_files(api_url: str) -> list[Path]:
-    """The files of a running prefect_api's database (its write-ahead log included)."""
+    """The files of a running prefect_server's database (its write-ahead log included)."""
     return sorted(_HOMES[api_url].glob("prefect.db*"))
-
-
-@contextmanager
-def prefect_api(template: Path, startup_timeout_s: float = 180) -> Iterator[str]:
-    """A Prefect server on a copy of `template` (a migrated database), as this process's API
-    while the block runs; yields its API URL."""
-    with prefect_server(template, startup_timeout_s) as url, api_of_this_process(url):
-        yield url
 
 
 @contextmanager
