@@ -1,0 +1,62 @@
+"""bench.suite_cost's bookkeeping: which kind a process is, and the modules each pytest process
+ran, in order."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.suite_cost import kind_of, module_spans
+
+FORKSERVER = (
+    "/x/.venv/bin/python -B -c from multiprocessing.forkserver import main; main(29, 32, "
+    "['distributed', 'numpy', 'torch', 'mlflow'], **{})"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "parent", "kind"),
+    [
+        (FORKSERVER, "/x/.venv/bin/python -m flows.train_charlm", "forkserver"),
+        (FORKSERVER, FORKSERVER, "Dask workers (forked)"),
+        (
+            "/x/python -m uvicorn --factory prefect.server.api.server:create_app",
+            "",
+            "Prefect server",
+        ),
+        ("/x/python /x/bin/prefect server start --port 4200", "", "Prefect server"),
+        ("/x/python -m prefect deployment run a/b", "", "Prefect command line"),
+        ("/x/python -m flows.train_charlm --epochs 1", "", "python -m flows/examples"),
+        ("/x/python -u -c import sys;exec(eval(sys.stdin.readline()))", "", "pytest processes"),
+        (
+            "/x/python /x/bin/dask worker tcp://h:1 --nworkers 2",
+            "",
+            "dask scheduler/worker command",
+        ),
+        ("/x/python /x/bin/mlflow server --host 127.0.0.1", "", "MLflow server"),
+        ("/x/python -m infra.s3_endpoint -H 127.0.0.1", "", "S3 endpoint (moto)"),
+        ("dockerd --iptables=false", "", "Docker engine"),
+        ("/opt/python/bin/python3 /opt/python/bin/pip install torch", "", "pip (image build)"),
+        ("/x/python -c print(1)", "", "other Python"),
+        ("", "", "kernel threads, exited"),
+    ],
+)
+def test_a_process_is_told_by_its_command_line_and_a_worker_by_its_parent(command, parent, kind):
+    assert kind_of(command, parent) == kind
+
+
+def test_modules_are_spans_per_process_in_start_order_and_the_unit_tier_is_one():
+    lines = [
+        "gw0\t100.0\t130.0\ttests/integration/test_b.py::test_1\n",
+        "gw0\t10.0\t40.0\ttests/integration/test_a.py::test_1\n",
+        "gw0\t40.0\t90.0\ttests/integration/test_a.py::test_2[x::y]\n",
+        "gw1\t12.0\t13.0\ttests/unit/test_u.py::test_1\n",
+        "gw1\t20.0\t22.0\ttests/unit/test_v.py::test_1\n",
+    ]
+    spans = [
+        (s.process, s.module, s.start, s.end, s.summed_s, s.tests) for s in module_spans(lines)
+    ]
+    assert spans == [
+        ("gw0", "tests/integration/test_a.py", 10.0, 90.0, 80.0, 2),
+        ("gw0", "tests/integration/test_b.py", 100.0, 130.0, 30.0, 1),
+        ("gw1", "tests/unit", 12.0, 22.0, 3.0, 2),
+    ]
