@@ -27,7 +27,7 @@ from ddpflow.api import rank_entry
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed import RankSpec, cluster_workers, launch
 from ddpflow.distributed.context import find_free_port, process_group
-from ddpflow.tracking.run import start_run
+from ddpflow.tracking.run import default_artifact_location, start_run
 from ddpflow.training.result import TrainResult
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
@@ -52,8 +52,10 @@ def _setup(project: Path, mode: str, num_trials: int) -> SweepSetup:
     corpus = format_corpus(raw.uri, artifact_root, 0.1)
     tracking_uri = f"sqlite:///{project / 'mlflow.db'}"
     # Creating the parent run also creates the SQLite schema (~6 s): outside the timings.
-    parent = start_run(tracking_uri, "sweep-bench", mode, {"trials": num_trials}, {})
-    return SweepSetup(corpus, parent, "sweep-bench", artifact_root, None, keep_last=1)
+    # The trials' checkpoints beside the store, not in ./mlruns of the working directory.
+    location = default_artifact_location(tracking_uri, project)
+    parent = start_run(tracking_uri, "sweep-bench", mode, {"trials": num_trials}, {}, location)
+    return SweepSetup(corpus, parent, "sweep-bench", artifact_root, location, keep_last=1)
 
 
 def _timed(fn: Callable[[], list[TrialOutcome]]) -> tuple[float, list[TrialOutcome]]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 import torch
@@ -18,6 +18,43 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+# What a test run may add at the checkout's top: its tools' caches.
+CACHES = {".pytest_cache", ".ruff_cache", ".import_linter_cache", "__pycache__"}
+ENTRIES_AT_START = pytest.StashKey[set[str]]()
+LEFT_IN_CHECKOUT = pytest.StashKey[list[str]]()
+
+
+def checkout_entries() -> set[str]:
+    return {path.name for path in CHECKOUT.iterdir()} - CACHES
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[ENTRIES_AT_START] = checkout_entries()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Fail the run when tests left files at the checkout's top, where a user's own runs
+    live: MLflow puts a SQLite store's artifacts in ./mlruns of the working directory unless
+    the experiment names a place, and .gitignore hides such a folder from `git status`. An
+    xdist process leaves the check to the controller, which makes it once, after them all."""
+    if hasattr(session.config, "workerinput") or ENTRIES_AT_START not in session.config.stash:
+        return
+    left = sorted(checkout_entries() - session.config.stash[ENTRIES_AT_START])
+    if left:
+        session.config.stash[LEFT_IN_CHECKOUT] = left
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name what the run left (the summary comes after the progress line has ended)."""
+    left = terminalreporter.config.stash.get(LEFT_IN_CHECKOUT, None)
+    if left:
+        message = f"tests left {left} in the checkout {CHECKOUT}: write under tmp_path instead"
+        terminalreporter.write_sep("=", message, red=True, bold=True)
 
 
 # How `make test` spreads the suite over processes (pytest-xdist, `--dist loadscope`, with the

@@ -25,6 +25,7 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow.tracking.run import default_artifact_location
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.procs import Service, pid_alive
@@ -273,7 +274,10 @@ def test_registrations_on_a_worker_whose_profiler_samples_each_register(tmp_path
     in a row all pass with a chance of about 3e-4); each must register."""
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracking = MlflowClient(tracking_uri)
-    experiment = tracking.create_experiment("profiled-worker")
+    # The models beside the store: MLflow's default is ./mlruns of the worker's working
+    # directory, the checkout.
+    location = default_artifact_location(tracking_uri, tmp_path)
+    experiment = tracking.create_experiment("profiled-worker", location)
     run_ids = [tracking.create_run(experiment).info.run_id for _ in range(10)]
 
     def register(run_id: str) -> str:  # runs in the worker's task thread, as register-model

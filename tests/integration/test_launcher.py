@@ -20,7 +20,7 @@ from ddpflow.distributed import LaunchError, RankContext, launch
 from ddpflow.distributed.elastic import RepeatedFailure, launch_with_restarts
 from ddpflow.distributed.progress import Progress, line_subscriber
 from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact
-from ddpflow.tracking.run import metric_history, start_run
+from ddpflow.tracking.run import default_artifact_location, metric_history, start_run
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
 from ddpflow.workloads.charlm.job import CharLMTrainJob
@@ -263,7 +263,11 @@ def test_one_rank_uses_the_same_code_path_and_loss_falls(dask_client, tmp_path):
 
     root = str(tmp_path / "artifacts")
     corpus = format_corpus(fetch_corpus(str(DEFAULT_CORPUS_PATH), root).uri, root, 0.1)
-    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "launcher-test", "one-rank", {}, {})
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # The checkpoints beside the store: MLflow's default is ./mlruns of the worker's working
+    # directory, the checkout.
+    location = default_artifact_location(tracking_uri, tmp_path)
+    run = start_run(tracking_uri, "launcher-test", "one-rank", {}, {}, location)
     job = CharLMTrainJob(
         train_uri=corpus.train_uri,
         val_uri=corpus.val_uri,

@@ -17,6 +17,7 @@ from ddpflow.checkpoint.store import LATEST_CHECKPOINT_TAG
 from ddpflow.registry.read import CHECKPOINT_TAG
 from ddpflow.tracking.inspection import WORKLOAD_TAG
 from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.run import default_artifact_location
 from ddpflow.workloads.charlm.vocab import VOCAB_SIZE
 from flows.register_checkpoint import register_checkpoint
 from tasks.registration import (
@@ -39,7 +40,10 @@ def trained(tmp_path, monkeypatch) -> dict:
     tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
     client = MlflowClient(tracking_uri)
-    run_id = client.create_run(client.create_experiment("registration")).info.run_id
+    # Its artifacts beside the store, as the flows keep them: MLflow's default is ./mlruns of
+    # the working directory, the checkout.
+    location = default_artifact_location(tracking_uri, tmp_path)
+    run_id = client.create_run(client.create_experiment("registration", location)).info.run_id
     model = constant_model(torch.zeros(VOCAB_SIZE))
     checkpoint = save_checkpoint(model, tmp_path / "checkpoints")
     client.set_tag(run_id, WORKLOAD_TAG, "charlm")

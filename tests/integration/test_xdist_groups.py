@@ -45,6 +45,7 @@ def test_each_module_and_shared_fixture_is_built_once_over_two_processes(tmp_pat
     integration.mkdir(parents=True)
     (tmp_path / "tests" / "conftest.py").write_text(CONFTEST.read_text())
     log = tmp_path / "setups.log"
+    log.touch()  # there before the run: what a run adds at the top fails it (tests/conftest.py)
     (integration / "conftest.py").write_text(
         SESSION_FOLDER.read_text()
         + textwrap.dedent(f"""

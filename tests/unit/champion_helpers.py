@@ -17,6 +17,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow import storage
 from ddpflow.checkpoint.store import LATEST_CHECKPOINT_TAG, CheckpointStore, build_state
 from ddpflow.registry.read import tag_checkpoint
+from ddpflow.tracking.run import default_artifact_location
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.workloads.charlm.formatting import format_names, split_xy
@@ -65,10 +66,17 @@ def save_checkpoint(model: CharLSTM, folder: Path) -> str:
 
 
 def start_checkpointed_run(client: MlflowClient, model: CharLSTM, folder: Path) -> str:
-    """A run that trained `model`: its checkpoint and the run tag training writes."""
+    """A run that trained `model`: its checkpoint and the run tag training writes. Its
+    experiment keeps its artifacts in `folder`, as the flows' SQLite stores do: MLflow's own
+    default is ./mlruns in the working directory, the checkout."""
     experiment = client.get_experiment_by_name("champion-tests")
     experiment_id = (
-        experiment.experiment_id if experiment else client.create_experiment("champion-tests")
+        experiment.experiment_id
+        if experiment
+        else client.create_experiment(
+            "champion-tests",
+            artifact_location=default_artifact_location(client.tracking_uri, folder),
+        )
     )
     run_id = client.create_run(experiment_id).info.run_id
     uri = save_checkpoint(model, folder / run_id)

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
 from ddpflow.tracking.loggers import BackgroundMlflowLogger, RunRef, close_logger
-from ddpflow.tracking.run import start_run
+from ddpflow.tracking.run import default_artifact_location, start_run
+
+
+def sqlite_run(folder: Path) -> RunRef:
+    """A run in a SQLite store in `folder`, its artifacts there too (MLflow's default is
+    ./mlruns in the working directory, the checkout), as the flows keep them."""
+    uri = f"sqlite:///{folder / 'mlflow.db'}"
+    return start_run(uri, "bg", "bg", {}, {}, default_artifact_location(uri, folder))
 
 
 def test_everything_logged_is_in_mlflow_after_close(tmp_path):
-    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    run = sqlite_run(tmp_path)
     logger = BackgroundMlflowLogger(run)
     artifact = tmp_path / "epoch-0001.pt"
     artifact.write_bytes(b"checkpoint bytes")
@@ -50,7 +58,7 @@ def test_a_dead_server_never_blocks_the_caller():
 def test_a_restarted_attempt_does_not_log_a_step_twice(tmp_path):
     """Attempt 1 logs steps 1-7 and dies; attempt 2 resumes from the checkpoint at step 4
     and logs 5-10 again: each step is in MLflow once, with attempt 1's value up to 7."""
-    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    run = sqlite_run(tmp_path)
     first = BackgroundMlflowLogger(run)
     for step in range(1, 8):
         first.log_metrics({"train_loss": float(step)}, step=step)
@@ -79,7 +87,7 @@ def _slow_sends(logger: BackgroundMlflowLogger, seconds: float) -> None:
 # docs/fault-tolerance.md: a checkpoint is written only after rank 0's queued metrics are in
 # MLflow (bounded), because a resume never logs the epochs before its checkpoint again.
 def test_flush_returns_once_the_queued_metrics_are_in_mlflow(tmp_path):
-    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    run = sqlite_run(tmp_path)
     logger = BackgroundMlflowLogger(run)
     _slow_sends(logger, 1.0)
     logger.log_metrics({"val_loss": 0.5}, step=1)
@@ -90,7 +98,7 @@ def test_flush_returns_once_the_queued_metrics_are_in_mlflow(tmp_path):
 
 
 def test_flush_is_bounded_when_mlflow_is_slow(tmp_path):
-    run = start_run(f"sqlite:///{tmp_path / 'mlflow.db'}", "bg", "bg", {}, {})
+    run = sqlite_run(tmp_path)
     logger = BackgroundMlflowLogger(run)
     _slow_sends(logger, 3.0)
     logger.log_metrics({"val_loss": 0.5}, step=1)
