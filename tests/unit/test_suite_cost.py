@@ -3,9 +3,12 @@ ran, in order."""
 
 from __future__ import annotations
 
+import re
+import shlex
+
 import pytest
 
-from bench.suite_cost import kind_of, module_spans
+from bench.suite_cost import REPO, kind_of, make_test_args, module_spans
 
 FORKSERVER = (
     "/x/.venv/bin/python -B -c from multiprocessing.forkserver import main; main(29, 32, "
@@ -60,3 +63,17 @@ def test_modules_are_spans_per_process_in_start_order_and_the_unit_tier_is_one()
         ("gw0", "tests/integration/test_b.py", 100.0, 130.0, 30.0, 1),
         ("gw1", "tests/unit", 12.0, 22.0, 3.0, 2),
     ]
+
+
+def test_the_suite_runs_with_the_pytest_arguments_of_make_test(monkeypatch):
+    """bench.suite_cost keeps its own copy of `make test`'s pytest arguments: a change to the
+    Makefile's recipe must show here, or the bench would measure another suite."""
+    makefile = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    processes = re.search(r"^TEST_PROCS \?= (\S+)$", makefile, re.MULTILINE).group(1)
+    recipe = re.search(r"^test: .*\n((?:\t.*\n)+)", makefile, re.MULTILINE).group(1)
+    (pytest_line,) = [line for line in recipe.splitlines() if " -m pytest " in line]
+    made = shlex.split(pytest_line.replace("$(TEST_PROCS)", processes))
+    monkeypatch.delenv("TEST_PROCS", raising=False)
+    ours = make_test_args()
+    starts = [i for i in range(len(made)) if made[i : i + len(ours)] == ours]
+    assert starts, f"make test runs {made}, bench.suite_cost {ours}"
