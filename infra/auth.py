@@ -9,6 +9,10 @@ What each protects (every service also listens on 127.0.0.1 only):
   process worker would execute.
 - MLflow: the `basic-auth` app; clients log in with MLFLOW_TRACKING_USERNAME/PASSWORD, so
   nobody else can change runs, the registry or the `champion` alias.
+- S3 (SeaweedFS): two S3 keys. The administrator's creates the bucket at `up` and is
+  written nowhere else (`secrets/seaweedfs/identities.json`); the stack's user's key, the
+  AWS_* pair in `env.sh`, may read, write and list that bucket and nothing more. The inner
+  ports of SeaweedFS want a certificate of their own (infra.seaweedfs.config).
 The servers' health endpoints stay open: they say "up" and nothing else.
 """
 
@@ -20,9 +24,12 @@ from pathlib import Path
 
 from infra.certs import TlsFiles, make_certs
 from infra.private import private_dir, write_private
+from infra.seaweedfs.config import Identity, S3Key
 
 PREFECT_USER = "ddpflow"
 MLFLOW_ADMIN = "ddpflow"
+S3_ADMIN = "stack-admin"
+S3_USER = "ddpflow"
 # MLflow's basic-auth app checks the password against its scrypt hash on every request:
 # 0.13 CPU-seconds each on this 2-core machine (werkzeug's scrypt:32768:8:1), so a training
 # that logs metrics and checkpoints kept the stack's server on a core. Its opt-in cache
@@ -46,6 +53,8 @@ class StackSecrets:
     mlflow_password: str
     flask_secret_key: str
     tls: TlsFiles
+    s3_admin: S3Key
+    s3_user: S3Key
 
     @classmethod
     def create(cls, folder: Path) -> StackSecrets:
@@ -57,9 +66,20 @@ class StackSecrets:
             mlflow_password=_token(),
             flask_secret_key=_token(),
             tls=make_certs(folder / "tls"),
+            s3_admin=S3Key.new(),
+            s3_user=S3Key.new(),
         )
         write_private(made.mlflow_auth_config, made._mlflow_ini())
         return made
+
+    @property
+    def seaweedfs_dir(self) -> Path:
+        """SeaweedFS's configuration: identities, security.toml, its inner certificates."""
+        return self.dir / "seaweedfs"
+
+    def s3_identities(self, bucket: str) -> list[Identity]:
+        """The administrator, and the stack's user limited to `bucket`."""
+        return [Identity(S3_ADMIN, self.s3_admin), Identity(S3_USER, self.s3_user, bucket)]
 
     @property
     def mlflow_auth_config(self) -> Path:
@@ -85,6 +105,7 @@ class StackSecrets:
             "PREFECT_API_AUTH_STRING": self.prefect_auth_string,
             "MLFLOW_TRACKING_USERNAME": MLFLOW_ADMIN,
             "MLFLOW_TRACKING_PASSWORD": self.mlflow_password,
+            **self.s3_user.env(),
             **self.tls.dask_env(("CLIENT",)),
         }
 

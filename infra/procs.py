@@ -37,6 +37,8 @@ class Service:
     url: str
     log_path: Path
     stop_signal: int = int(signal.SIGTERM)
+    # How long stop() waits after stop_signal before SIGKILL.
+    stop_wait_s: float = 15.0
     # The leader's start (process_start) guards against signalling an unrelated process after
     # pid reuse.
     create_time: float = 0.0
@@ -118,9 +120,17 @@ def port_is_free(port: int) -> bool:
 
 
 def spawn(
-    name: str, argv: Sequence[str], env: Mapping[str, str], log_dir: Path, cwd: Path | None = None
+    name: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log_dir: Path,
+    cwd: Path | None = None,
+    umask: int = -1,
 ) -> Service:
-    """Start argv as a new session leader, stdout and stderr appended to <log_dir>/<name>.log."""
+    """Start argv as a new session leader, stdout and stderr appended to <log_dir>/<name>.log.
+
+    umask: the child's (e.g. 0o077 for a server whose sockets and files only its user may open);
+    -1 keeps ours."""
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
     with open(log_path, "ab") as log:
@@ -134,6 +144,7 @@ def spawn(
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
+            umask=umask,
         )
     _CHILDREN[proc.pid] = proc
     try:
@@ -298,8 +309,10 @@ def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pro
     return alive
 
 
-def stop(service: Service, timeout_s: float = 15) -> None:
-    """Stop a service and everything it spawned: its stop signal, a wait, then SIGKILL."""
+def stop(service: Service, timeout_s: float | None = None) -> None:
+    """Stop a service and everything it spawned: its stop signal, a wait (`timeout_s`, else
+    the service's stop_wait_s), then SIGKILL."""
+    timeout_s = service.stop_wait_s if timeout_s is None else timeout_s
     procs = members(service)
     if procs:
         _send(service, procs, service.stop_signal)
@@ -315,3 +328,6 @@ def stop(service: Service, timeout_s: float = 15) -> None:
     popen = _CHILDREN.pop(service.pid, None)
     if popen is not None:
         popen.poll()
+    # Files the service leaves behind that a later one on the same ports would trip over.
+    for path in service.extra.get("remove_after_stop", ()):
+        Path(path).unlink(missing_ok=True)

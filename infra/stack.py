@@ -1,8 +1,9 @@
 """The local production-like stack: `python -m infra.stack up|down|status`.
 
-`up` starts moto (S3), an MLflow server, a Prefect server, a Dask scheduler with N workers and a
-Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Every
-server wants credentials, made at `up` (see `infra.auth`; moto's one user: `infra.s3_user`).
+`up` starts SeaweedFS (S3), an MLflow server, a Prefect server, a Dask scheduler with N workers
+and a Prefect process worker, all on 127.0.0.1, each health-checked before the next starts. Every
+server wants credentials, made at `up` (see `infra.auth`). S3's objects stay in `<dir>/s3`
+from one `up` to the next, as MLflow's runs do in `<dir>/mlflow.db`.
 Tests use `start_stack` / `stop_stack` directly.
 """
 
@@ -16,12 +17,13 @@ from pathlib import Path
 
 import psutil
 
-from infra import s3_user, services
+from infra import services
 from infra.auth import StackSecrets
 from infra.procs import Service, ServiceError, members, pid_alive, port_is_free, process_start
+from infra.seaweedfs.server import start_seaweedfs
 from infra.state import BUCKET, WORK_POOL, StackError, StackState, client_env, summary
 
-DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5000, "moto": 9000, "dask": 8786}
+DEFAULT_PORTS = {"prefect": 4200, "mlflow": 5000, "s3": 9000, "dask": 8786}
 # Prefect's default poll is 10 s; 2 s makes `prefect deployment run` start promptly here.
 WORKER_QUERY_SECONDS = "2"
 
@@ -76,14 +78,14 @@ def start_stack(stack_dir: Path, num_workers: int = 2, free_ports: bool = False)
     try:
         _timed(
             state,
-            lambda: services.start_moto(
-                ports["moto"], logs, unauthenticated_actions=s3_user.BOOTSTRAP_ACTIONS
+            lambda: start_seaweedfs(
+                ports["s3"],
+                stack_dir / "s3",
+                secrets.seaweedfs_dir,
+                logs,
+                secrets.s3_identities(BUCKET),
+                buckets=(BUCKET,),
             ),
-        )
-        state.env.update(
-            s3_user.create(
-                state.env["AWS_ENDPOINT_URL_S3"], BUCKET, state.env["AWS_DEFAULT_REGION"]
-            )
         )
         s3 = {k: v for k, v in state.env.items() if k.startswith("AWS_")}
         # Everything that runs user code gets the full client env, so flow runs and ranks see it.

@@ -19,7 +19,7 @@ BUCKET = "ddpflow"
 WORK_POOL = "ddpflow-pool"
 # Service names in start order; `down` stops them in reverse.
 START_ORDER = (
-    "moto",
+    "seaweedfs",
     "mlflow",
     "prefect-server",
     "dask-scheduler",
@@ -115,9 +115,9 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
         "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
         "DDPFLOW_DASK_ADDRESS": f"tls://127.0.0.1:{ports['dask']}",
-        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{ports['moto']}",
+        "AWS_ENDPOINT_URL_S3": f"http://127.0.0.1:{ports['s3']}",
         "AWS_DEFAULT_REGION": "us-east-1",
-        # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY: the stack's S3 user, made at `up`.
+        # AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY: the stack's S3 user (infra.auth).
     }
 
 
@@ -129,8 +129,9 @@ def env_block(env: dict[str, str], hide_secrets: bool = False) -> str:
     """`export` lines for a shell, with a note on what the credentials are."""
     lines = [
         "# ddpflow local stack: source this file to point flows, tests and CLIs at it.",
-        "# The AWS key is the stack's own moto user, limited to its bucket; it works on no real",
-        "# AWS account. It and the Prefect, MLflow and Dask credentials are new at every `up`.",
+        "# The AWS key is the stack's own SeaweedFS user, limited to its bucket; it works on",
+        "# no real AWS account. It and the Prefect, MLflow and Dask credentials are new at",
+        "# every `up`.",
     ]
     for key, value in env.items():
         shown = "<in env.sh>" if hide_secrets and key in SECRET_KEYS else shlex.quote(value)
@@ -150,7 +151,7 @@ def summary(state: StackState) -> str:
         "",
         f"  Prefect UI       {prefect_ui}",
         f"  MLflow UI        {state.env['MLFLOW_TRACKING_URI']}",
-        f"  S3 (moto)        {state.env['AWS_ENDPOINT_URL_S3']}  bucket s3://{BUCKET}",
+        f"  S3 (SeaweedFS)   {state.env['AWS_ENDPOINT_URL_S3']}  bucket s3://{BUCKET}",
         f"  work pool        {WORK_POOL}",
         f"  logs             {state.log_dir}/<service>.log",
         "",

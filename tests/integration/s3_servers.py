@@ -1,4 +1,7 @@
-"""Fixtures' helpers: a moto S3 server and an MLflow server, real processes on 127.0.0.1."""
+"""Fixtures' helpers: a SeaweedFS S3 server and an MLflow server, real processes on 127.0.0.1.
+
+The tests' S3 is SeaweedFS (docs/testing.md "S3 in the tests"); the multi-host cluster
+(infra.netns_cluster) starts an S3 endpoint of its own on its bridge address."""
 
 from __future__ import annotations
 
@@ -10,11 +13,15 @@ import boto3
 import pytest
 import s3fs
 
-from infra.services import Service, create_bucket, free_port, start_mlflow, start_moto, stop
+from infra.seaweedfs.config import Identity, S3Key
+from infra.seaweedfs.server import start_seaweedfs
+from infra.services import Service, free_port, start_mlflow, stop
 
-# Moto accepts any key unless auth is switched on; these are distinctive so a leak is found.
+# The tests' S3 key: SeaweedFS's administrator in the test servers. Distinctive, so a leak is
+# found.
 ACCESS_KEY = "AKIADDPFLOWTESTKEY42"
 SECRET_KEY = "ddpflow-test-secret-value-must-never-leak-7f3a"
+TEST_ADMIN = Identity("ddpflow-test", S3Key(ACCESS_KEY, SECRET_KEY))
 
 
 def s3_env(endpoint: str) -> dict[str, str]:
@@ -44,6 +51,21 @@ AWS_KEY_VARIABLES = (
     "AWS_SESSION_TOKEN",
     "AWS_PROFILE",
 )
+
+
+@contextmanager
+def with_aws_keys(
+    monkeypatch: pytest.MonkeyPatch, access_key_id: str, secret_access_key: str
+) -> Iterator[None]:
+    """This process uses these keys while the block runs (e.g. a wrong one). s3fs's cached
+    filesystems are dropped before and after, as in without_aws_credentials."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", access_key_id)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret_access_key)
+    s3fs.S3FileSystem.clear_instance_cache()
+    try:
+        yield
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 @contextmanager
@@ -83,12 +105,25 @@ def list_keys(endpoint: str, bucket: str, prefix: str = "") -> list[str]:
     ]
 
 
+def start_test_seaweedfs(folder: Path, buckets: tuple[str, ...] = ()) -> Service:
+    """A SeaweedFS server whose administrator is the tests' key (s3_env), with buckets; its
+    data, configuration and log in folder. Stop it with `stop`.
+
+    `stop` kills it at once (after its SIGTERM): a test server's data goes with its folder,
+    and SeaweedFS 4.48's master outlives SIGTERM anyway, so the 3 s wait before SIGKILL that
+    infra.seaweedfs.server gives the stack's server would only add 3 s to every stop."""
+    service = start_seaweedfs(
+        free_port(), folder / "data", folder / "config", folder, [TEST_ADMIN], buckets
+    )
+    service.stop_wait_s = 0.0
+    return service
+
+
 @contextmanager
-def moto_server(log_dir: Path, buckets: tuple[str, ...] = ()) -> Iterator[str]:
-    service = start_moto(free_port(), log_dir)
+def seaweedfs_server(folder: Path, buckets: tuple[str, ...] = ()) -> Iterator[str]:
+    """A SeaweedFS S3 endpoint (start_test_seaweedfs) for the block; yields its URL."""
+    service = start_test_seaweedfs(folder, buckets)
     try:
-        for bucket in buckets:
-            create_bucket(service.url, bucket)
         yield service.url
     finally:
         stop(service)

@@ -1,5 +1,5 @@
 """Deployments for real: the local stack (Prefect server + process worker, Dask scheduler and
-workers, MLflow server, moto S3), `prefect deploy` from deployments/prefect.yaml, and
+workers, MLflow server, SeaweedFS S3), `prefect deploy` from deployments/prefect.yaml, and
 `prefect deployment run ... --watch` as a user types it."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import infra.stack
-from infra.state import client_env
+from infra.state import BUCKET
 from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.prefect_api import (
     FINAL_STATES,
@@ -26,7 +26,6 @@ from tests.integration.prefect_api import (
     state_history,
     wait_for_state,
 )
-from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -38,18 +37,10 @@ RETRAIN = "retrain-charlm/charlm-retrain-nightly"
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
-    """The stack with distinctive (fake) AWS keys, so a leaked credential can be found."""
+    """The stack, its S3 a SeaweedFS server with keys made at `up` (searched for in what
+    Prefect and MLflow recorded)."""
     stack_dir = tmp_path_factory.mktemp("stack")
     patch = pytest.MonkeyPatch()
-    patch.setattr(
-        infra.stack,
-        "client_env",
-        lambda ports: {
-            **client_env(ports),
-            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
-            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
-        },
-    )
     try:
         state = infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
         # This process's MlflowClient logs in to the stack's MLflow like every other client.
@@ -137,7 +128,29 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
     )
     logs = prefect(deployed, "flow-run", "logs", run.data.tags["prefect.flow_run_id"])
     recorded = json.dumps(flow_run) + logs + json.dumps(run.data.params)
-    assert ACCESS_KEY not in recorded and SECRET_KEY not in recorded
+    assert deployed["AWS_SECRET_ACCESS_KEY"] not in recorded
+    assert deployed["AWS_ACCESS_KEY_ID"] not in recorded
+
+    # The checkpoints and MLflow's copy of the model are objects in the stack's SeaweedFS.
+    keys = _bucket_keys(deployed)
+    run_id = run.info.run_id
+    assert any(k.startswith("artifacts/") and run_id in k and "checkpoint" in k for k in keys)
+    assert any(k.startswith("mlflow/") and f"{run_id}/artifacts/" in k for k in keys), keys[:20]
+
+
+def _bucket_keys(env: dict[str, str]) -> list[str]:
+    """Every key in the stack's bucket, listed with the stack user's S3 key."""
+    import boto3
+
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        region_name=env["AWS_DEFAULT_REGION"],
+    )
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
 
 def test_retrain_schedule_and_concurrency_limit_are_registered(deployed):

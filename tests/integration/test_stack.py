@@ -3,11 +3,14 @@ leaving no process behind."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import socket
 import ssl
 import stat
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,16 +22,21 @@ import distributed
 import httpx
 import psutil
 import pytest
+from botocore.parsers import ResponseParserError
 from distributed.security import Security
 
 from infra import services, stack
 from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
+from infra.seaweedfs.server import grpc_socket_paths
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
 
 pytestmark = pytest.mark.integration
 
 NUM_WORKERS = 2
+PROBE = Path(__file__).with_name("stranger_probe.py")
+STRANGER_UID = 65534  # nobody
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the stranger cannot enter this venv's home
 
 
 def stack_processes(state: StackState) -> dict[int, float]:
@@ -92,7 +100,7 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     env = stack_state.env
     assert [s.name for s in stack_state.services] == list(START_ORDER)
     assert [problem for _, problem in stack.stack_status(stack_state.dir)] == [None] * 6
-    for name in ("moto", "mlflow", "prefect-server"):
+    for name in ("seaweedfs", "mlflow", "prefect-server"):
         assert services.http_ok(stack_state.service(name).extra["health_url"])
 
     security = security_from_env(env)
@@ -112,7 +120,7 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     s3 = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
     assert BUCKET in [b["Name"] for b in s3.list_buckets()["Buckets"]]
 
-    # MLflow proxies artifacts into the moto bucket: the client itself holds no S3 settings.
+    # MLflow proxies artifacts into the SeaweedFS bucket: the client itself holds no S3 settings.
     for key in list(os.environ):
         if key.startswith("AWS_"):
             monkeypatch.delenv(key)
@@ -192,15 +200,13 @@ def test_every_server_refuses_clients_without_credentials(
     assert _dask_refuses(address.replace("tls://", "tcp://"), Security())
     assert _tls_handshake_refused(port, ca)
 
-    # S3: moto's first requests made the stack's one user (infra.s3_user); since then it
-    # takes no other key, and that key reaches the stack's bucket only.
+    # S3: SeaweedFS knows two keys, the administrator's (not in env) and the stack user's,
+    # which reaches the stack's bucket only.
     endpoint = env["AWS_ENDPOINT_URL_S3"]
     object_url = f"{endpoint}/{BUCKET}/artifacts/unsigned.json"
-    # moto answers an unsigned request with 500 (it finds no Authorization header), not 403:
-    # what matters is that nothing was written.
-    assert httpx.put(object_url, content=b"{}", trust_env=False).status_code >= 400
+    assert httpx.put(object_url, content=b"{}", trust_env=False).status_code == 403
     for key_id, secret, refusal in [
-        ("testing", "testing", "InvalidAccessKeyId"),  # the keys moto used to take from anyone
+        ("testing", "testing", "InvalidAccessKeyId"),  # the keys moto took from anyone
         (env["AWS_ACCESS_KEY_ID"], "guess", "SignatureDoesNotMatch"),
     ]:
         with pytest.raises(botocore.exceptions.ClientError, match=refusal):
@@ -212,8 +218,124 @@ def test_every_server_refuses_clients_without_credentials(
     with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
         own.create_bucket(Bucket="another-bucket")
     iam = _client("iam", env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
-    with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
-        iam.create_user(UserName="intruder")  # nor can it make a key with more rights
+    # Nor can it make a key with more rights: the S3 port serves no IAM API (405, no body).
+    with pytest.raises((botocore.exceptions.ClientError, ResponseParserError)):
+        iam.create_user(UserName="intruder")
+    assert [b["Name"] for b in own.list_buckets()["Buckets"]] == [BUCKET]
+
+
+@pytest.mark.timeout(120)
+def test_another_local_user_can_neither_read_nor_change_what_s3_stores(
+    stack_state: StackState,
+) -> None:
+    """Run as `nobody`: every route of every SeaweedFS port refuses a request without the
+    stack's key or certificate, and what the bucket holds is the same afterwards."""
+    if not (os.geteuid() == 0 and shutil.which("setpriv") and SYSTEM_PYTHON.is_file()):
+        if os.environ.get("CI"):
+            pytest.fail("CI runs as root with setpriv and /usr/bin/python3: the probe must run")
+        pytest.skip("needs root, setpriv and /usr/bin/python3 to run a request as another user")
+    env = stack_state.env
+    own = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    own.put_object(Bucket=BUCKET, Key="artifacts/latest.json", Body=b'{"step": 7}')
+    admin = _stack_admin(stack_state)
+    before = _stored(own, admin)
+
+    targets = _stranger_targets(stack_state)
+    done = subprocess.run(
+        ["setpriv", f"--reuid={STRANGER_UID}", f"--regid={STRANGER_UID}", "--clear-groups",
+         str(SYSTEM_PYTHON), "-c", PROBE.read_text(), json.dumps(targets)],
+        cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["uid"] == STRANGER_UID
+    assert len(report["attempts"]) >= 30, report["attempts"]
+    answered = [a for a in report["attempts"] if not _refused(a["answer"])]
+    assert answered == [], "routes that served another user:\n" + json.dumps(answered, indent=1)
+    assert _stored(own, admin) == before, "a refused request changed what S3 stores"
+
+
+def _refused(answer: str) -> bool:
+    """No route ran: the connection, TLS handshake or folder was refused, the S3 gateway
+    answered 401/403 (or 405 with no body: no route for that method and path), or an inner
+    HTTPS port answered plain HTTP with Go's 400."""
+    if answer.startswith("refused"):
+        return True
+    if answer.startswith(("answered 401", "answered 403")) or answer == "answered 405: ":
+        return True
+    return answer.startswith("answered 400") and "HTTPS server" in answer
+
+
+def _stack_admin(state: StackState) -> Any:
+    """An S3 client with the stack's administrator key (kept in its SeaweedFS identities)."""
+    identities = json.loads((state.secrets_dir / "seaweedfs" / "identities.json").read_text())
+    (admin,) = [i for i in identities["identities"] if "Admin" in i["actions"]]
+    key = admin["credentials"][0]
+    return _s3(state.env, key["accessKey"], key["secretKey"])
+
+
+def _stored(own: Any, admin: Any) -> dict[str, str]:
+    """Every bucket, and every object of the stack's bucket with a digest of its bytes."""
+    found = {f"bucket {b['Name']}": "" for b in admin.list_buckets()["Buckets"]}
+    pages = own.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
+    for obj in (o for page in pages for o in page.get("Contents", [])):
+        data = own.get_object(Bucket=BUCKET, Key=obj["Key"])["Body"].read()
+        found[obj["Key"]] = hashlib.sha256(data).hexdigest()
+    return found
+
+
+def _stranger_targets(state: StackState) -> dict[str, Any]:
+    """What the stranger tries: anonymous and wrongly signed S3 requests, every inner HTTP
+    port's admin routes (plain and TLS), the gRPC ports, the unix sockets, the folders."""
+    env = state.env
+    s3 = env["AWS_ENDPOINT_URL_S3"]
+    latest = f"{s3}/{BUCKET}/artifacts/latest.json"
+    forged = '{"step": 999}'
+    requests = [
+        ("GET", f"{s3}/"), ("GET", f"{s3}/{BUCKET}?list-type=2"), ("GET", latest),
+        ("PUT", latest), ("DELETE", latest), ("PUT", f"{s3}/intruder-bucket"),
+        ("DELETE", f"{s3}/{BUCKET}"), ("POST", f"{s3}/?Action=CreateUser&UserName=intruder"),
+    ]  # fmt: skip
+    http = [{"what": "S3 anonymous", "method": m, "url": u, "body": forged} for m, u in requests]
+    for key_id, secret in [(env["AWS_ACCESS_KEY_ID"], "guess"), ("DDPFNOSUCHKEY", "guess")]:
+        for method, url in requests:
+            http.append(_signed(method, url, forged, key_id, secret, env["AWS_DEFAULT_REGION"]))
+    ports = state.service("seaweedfs").extra["ports"]
+    inner = {
+        "master": ["/dir/assign", "/col/delete?collection=ddpflow", "/vol/grow?count=1",
+                   "/cluster/status", "/dir/status"],
+        "volume": ["/status", "/1,01637037d6"],
+        "filer": [f"/buckets/{BUCKET}/artifacts/latest.json", f"/buckets/{BUCKET}/?recursive=true"],
+    }  # fmt: skip
+    for name, paths in inner.items():
+        for scheme in ("http", "https"):
+            for path in paths:
+                for method in ("GET", "POST", "DELETE"):
+                    url = f"{scheme}://127.0.0.1:{ports[name]}{path}"
+                    http.append({"what": f"SeaweedFS {name}", "method": method, "url": url})
+    config = state.secrets_dir / "seaweedfs"
+    sockets = [*grpc_socket_paths(ports), config / "s3.sock", config / "filer.sock"]
+    return {
+        "http": http,
+        "tls_ports": [port for key, port in ports.items() if key.endswith("_grpc")],
+        "sockets": [str(path) for path in sockets if path.exists()],
+        "folders": [str(state.dir / "s3"), str(config)],
+    }
+
+
+def _signed(method: str, url: str, body: str, key_id: str, secret: str, region: str) -> dict:
+    """A request signed as botocore signs S3 requests, with a key the stranger guessed."""
+    from botocore.auth import S3SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    data = body.encode()
+    request = AWSRequest(method=method, url=url, data=data)
+    request.headers["x-amz-content-sha256"] = hashlib.sha256(data).hexdigest()
+    S3SigV4Auth(Credentials(key_id, secret), "s3", region).add_auth(request)
+    headers = {k: v for k, v in request.headers.items()}
+    return {"what": f"S3 signed by {key_id}", "method": method, "url": url, "headers": headers,
+            "body": body}  # fmt: skip
 
 
 def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:
@@ -221,7 +343,7 @@ def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:
 
 
 def _client(service: str, env: dict[str, str], key_id: str, secret: str) -> Any:
-    """A boto3 client of the stack's moto (boto3 types its clients at run time)."""
+    """A boto3 client of the stack's S3 endpoint (boto3 types its clients at run time)."""
     return boto3.client(
         service,
         endpoint_url=env["AWS_ENDPOINT_URL_S3"],
@@ -269,7 +391,7 @@ def test_failed_start_stops_what_started(tmp_path: Path, monkeypatch: pytest.Mon
 
     def broken_dask(*args: object, **kwargs: object) -> None:
         state = StackState.load(tmp_path)
-        assert state is not None and len(state.services) == 3  # moto, mlflow, prefect-server
+        assert state is not None and len(state.services) == 3  # seaweedfs, mlflow, prefect
         seen.update(stack_processes(state))
         raise ServiceError("dask-scheduler: injected failure")
 

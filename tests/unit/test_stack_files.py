@@ -12,7 +12,7 @@ import pytest
 
 from infra.state import StackState, client_env
 
-PORTS = {"prefect": 4200, "mlflow": 5000, "moto": 9000, "dask": 8786}
+PORTS = {"prefect": 4200, "mlflow": 5000, "s3": 9000, "dask": 8786}
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def mode(path: Path) -> int:
 
 
 def test_state_and_env_files_are_owner_only(tmp_path: Path, open_umask: None) -> None:
-    # The S3 user's key, as `up` adds it once moto made it (infra.s3_user).
+    # The S3 user's key, as `up` adds it (infra.auth).
     env = {**client_env(PORTS), "AWS_ACCESS_KEY_ID": "LKIA1", "AWS_SECRET_ACCESS_KEY": "s3cret"}
     state = StackState(dir=tmp_path, ports=PORTS, env=env)
     for old in (state.state_path, state.env_path):  # a looser file from an older version
