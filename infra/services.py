@@ -145,6 +145,8 @@ def start_prefect_server(
         # A run queued by a deployment's concurrency limit starts within 5 s of the slot
         # freeing, instead of Prefect's 30 s.
         "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "5",
+        # The UI's pages call the API at this URL; unset, it is :4200 whatever port was taken.
+        "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
     }
     if auth_string:  # in the environment, not argv: `ps` shows argv to every local user
         settings["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
@@ -197,6 +199,16 @@ def _prefect_worker_seen(service: Service, env: Mapping[str, str]) -> bool:
     return any(w["name"] == name for w in resp.json())
 
 
+def _ui_reaches_api(service: Service) -> bool:
+    """True if the Prefect UI is told to call this server's API (its /ui-settings)."""
+    import httpx
+
+    settings = httpx.get(
+        service.url.removesuffix("/api") + "/ui-settings", timeout=5, trust_env=False
+    )
+    return settings.json().get("api_url") == service.url
+
+
 def health(service: Service, env: Mapping[str, str] | None = None) -> str | None:
     """None if the service is healthy, else why not (for `status` and the start-up waits).
 
@@ -212,6 +224,8 @@ def health(service: Service, env: Mapping[str, str] | None = None) -> str | None
             ok = dask_workers_seen(service, env)
         elif service.name == "dask-scheduler":
             ok = tcp_ok("127.0.0.1", service.extra["port"])
+        elif service.name == "prefect-server":
+            ok = http_ok(service.extra["health_url"]) and _ui_reaches_api(service)
         else:
             ok = http_ok(service.extra["health_url"])
     except Exception as exc:  # any failure to answer is "unhealthy"

@@ -149,8 +149,9 @@ def summary(state: StackState) -> str:
     prefect_ui = state.env["PREFECT_API_URL"].removesuffix("/api")
     rows += [
         "",
-        f"  Prefect UI       {prefect_ui}",
-        f"  MLflow UI        {state.env['MLFLOW_TRACKING_URI']}",
+        f"  Prefect UI       {prefect_ui}  (log in with $PREFECT_API_AUTH_STRING from env.sh)",
+        f"  MLflow UI        {state.env['MLFLOW_TRACKING_URI']}  (user "
+        f"{state.env.get('MLFLOW_TRACKING_USERNAME', '')}, password $MLFLOW_TRACKING_PASSWORD)",
         f"  S3 (SeaweedFS)   {state.env['AWS_ENDPOINT_URL_S3']}  bucket s3://{BUCKET}",
         f"  work pool        {WORK_POOL}",
         f"  logs             {state.log_dir}/<service>.log",
@@ -159,6 +160,6 @@ def summary(state: StackState) -> str:
         "",
         env_block(state.env, hide_secrets=True),
         "",
-        f"Stop it with: python -m infra.stack down --dir {state.dir}",
+        f"Stop it with: .venv/bin/python -m infra.stack down --dir {state.dir}",
     ]
     return "\n".join(rows)

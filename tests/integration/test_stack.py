@@ -102,6 +102,9 @@ def test_every_service_is_healthy(stack_state: StackState, monkeypatch: pytest.M
     assert [problem for _, problem in stack.stack_status(stack_state.dir)] == [None] * 6
     for name in ("seaweedfs", "mlflow", "prefect-server"):
         assert services.http_ok(stack_state.service(name).extra["health_url"])
+    # The Prefect UI calls the API on the port the server took, not Prefect's default :4200.
+    ui_settings = env["PREFECT_API_URL"].removesuffix("/api") + "/ui-settings"
+    assert httpx.get(ui_settings, trust_env=False).json()["api_url"] == env["PREFECT_API_URL"]
 
     security = security_from_env(env)
     with distributed.Client(env["DDPFLOW_DASK_ADDRESS"], timeout=30, security=security) as client:
