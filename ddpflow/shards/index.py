@@ -5,24 +5,42 @@ the order listed. The shards are in the folder `shards/` next to the index (a re
 place, so a store copied or mounted elsewhere still reads). The index is written after its
 shards, last, so an index that exists lists shards that were complete; readers check each
 shard against it (shard_file).
+
+An index is data from the store, which someone else may have written: `read_index` checks
+every field against what the writer makes before anything is sized from it (names of the
+writer's form, so no path leaves the shards folder; shapes and counts that agree with the
+listed bytes; caps per shard and per split), and a stream compares the listed sizes with
+the stored ones before it plans an epoch (`check_stored_sizes`). A forged index is a
+ShardError naming the index and the field, never memory allocated on its word.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ddpflow import storage
-from ddpflow.shards.shard_file import ShardInfo, write_shard
+from ddpflow.shards.shard_file import LABEL_BYTES, REFORMAT_HINT, ShardError, ShardInfo, write_shard
+from ddpflow.storage.redact import redact_url
 
 INDEX_SUFFIX = ".shards.json"
 INDEX_VERSION = 1
 # An index lists one entry per shard (about 100 bytes): 64 MiB is over half a million shards.
 INDEX_MAX_BYTES = 64 * 2**20
 SHARDS_FOLDER = "shards"
+# The writer names a shard by the first 32 hex digits of its content's SHA-256.
+SHARD_NAME = re.compile(r"[0-9a-f]{32}\.shard")
+# The writer's largest shard: 4096 MiB of records (the flows' shard_mb limit) and their labels.
+MAX_SHARD_BYTES = 2**33
+MAX_RECORD_DIMS = 4
+# An epoch's order holds 8 bytes per sample on every rank: 2 GiB at this many samples.
+MAX_SPLIT_SAMPLES = 2**28
 
 
 @dataclass(frozen=True)
@@ -79,15 +97,90 @@ def read_index(uri: str) -> ShardIndex:
     data = json.loads(
         storage.read_bytes(uri, INDEX_MAX_BYTES, "pass the URI of a split's .shards.json index")
     )
-    if data.get("version") != INDEX_VERSION:
+    if not isinstance(data, dict) or data.get("version") != INDEX_VERSION:
+        found = data.get("version") if isinstance(data, dict) else None
         raise ValueError(
-            f"{uri} is a shard index of version {data.get('version')!r}, not "
+            f"{uri} is a shard index of version {found!r}, not "
             f"{INDEX_VERSION}: format the data again with this ddpflow"
         )
-    shards = tuple(ShardInfo.from_dict(s) for s in data["shards"])
-    return ShardIndex(
-        shards_folder(uri), tuple(data["record_shape"]), shards, bool(data.get("labeled", True))
+    return _checked(data, uri)
+
+
+def _refuse(uri: str, field: str, problem: str) -> ShardError:
+    return ShardError(
+        f"shard index {redact_url(uri)}: {field} {problem}; it is not what ddpflow's "
+        f"formatting writes. {REFORMAT_HINT}"
     )
+
+
+def _count(value: Any, uri: str, field: str, low: int, high: int) -> int:
+    """An int (not a bool, not a float) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise _refuse(uri, field, f"is {value!r}, not a whole number in [{low}, {high}]")
+    return value
+
+
+def _checked(data: dict, uri: str) -> ShardIndex:
+    """The index in `data`, every field checked against what the writer makes."""
+    shape = data.get("record_shape")
+    if not isinstance(shape, list) or not 1 <= len(shape) <= MAX_RECORD_DIMS:
+        raise _refuse(uri, "record_shape", f"is {shape!r}, not 1 to {MAX_RECORD_DIMS} sizes")
+    record_shape = tuple(
+        _count(d, uri, f"record_shape[{i}]", 1, MAX_SHARD_BYTES) for i, d in enumerate(shape)
+    )
+    labeled = data.get("labeled", True)
+    if not isinstance(labeled, bool):
+        raise _refuse(uri, "labeled", f"is {labeled!r}, not true or false")
+    per_record = math.prod(record_shape) + (LABEL_BYTES if labeled else 0)
+    if per_record > MAX_SHARD_BYTES:
+        raise _refuse(uri, "record_shape", f"makes records of {per_record} bytes")
+    entries = data.get("shards")
+    if not isinstance(entries, list):
+        raise _refuse(uri, "shards", "is not a list")
+    shards, total = [], 0
+    for i, entry in enumerate(entries):
+        field = f"shards[{i}]"
+        if not isinstance(entry, dict):
+            raise _refuse(uri, field, "is not an object")
+        name = entry.get("name")
+        if not isinstance(name, str) or not SHARD_NAME.fullmatch(name):
+            raise _refuse(uri, f"{field}.name", f"{name!r} is not a shard name (32 hex digits)")
+        count = _count(entry.get("count"), uri, f"{field}.count", 1, MAX_SPLIT_SAMPLES)
+        nbytes = _count(entry.get("nbytes"), uri, f"{field}.nbytes", 1, MAX_SHARD_BYTES)
+        if count * per_record != nbytes:
+            raise _refuse(
+                uri, f"{field}.nbytes", f"is {nbytes}, not {count} records of {per_record} bytes"
+            )
+        crc32 = _count(entry.get("crc32"), uri, f"{field}.crc32", 0, 2**32 - 1)
+        total += count
+        if total > MAX_SPLIT_SAMPLES:
+            raise _refuse(uri, "shards", f"list over {MAX_SPLIT_SAMPLES} samples")
+        shards.append(ShardInfo(name, count, nbytes, crc32))
+    return ShardIndex(shards_folder(uri), record_shape, tuple(shards), labeled)
+
+
+def check_stored_sizes(index: ShardIndex) -> None:
+    """ShardError unless every shard the index lists is stored with the size it lists (one
+    listing of the shards folder): counts that grow memory are checked against real bytes."""
+    fs, path = storage.url_to_fs(index.folder)
+    try:
+        listed = fs.ls(path, detail=True, refresh=True)  # not a listing cached before a write
+    except FileNotFoundError:
+        listed = []
+    sizes = {entry["name"].rstrip("/").rsplit("/", 1)[-1]: entry.get("size") for entry in listed}
+    for shard in index.shards:
+        stored = sizes.get(shard.name)
+        if stored is None:
+            raise ShardError(
+                f"shard {redact_url(index.uri(shard))} is missing: it was deleted after "
+                f"formatting. {REFORMAT_HINT}"
+            )
+        if stored != shard.nbytes:
+            raise ShardError(
+                f"shard {redact_url(index.uri(shard))} has {stored} bytes, but the index lists "
+                f"{shard.nbytes}: the shard or the index was replaced after formatting. "
+                f"{REFORMAT_HINT}"
+            )
 
 
 def write_records(

@@ -114,16 +114,17 @@ def read_shard(
     record_shape: tuple[int, ...],
     bound_s: float = DEFAULT_READ_BOUND_S,
     on_wait: Callable[[], None] | None = None,
-    buffer: bytearray | None = None,
+    buffer: bytearray | Callable[[int], bytearray] | None = None,
     labeled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Read and check one shard, retrying a store that does not answer for `bound_s`.
 
-    `buffer` (at least info.nbytes): a local shard is read into it rather than into new
-    memory, and the arrays returned are views of it. A stream hands in the buffers of the
-    shards it dropped, so a rank's memory is the shards it holds, not what the allocator
-    kept of every shard read before (measured: 42 MiB of data memory at 1x data, 50 at 4x,
-    with a new allocation per read; the same at both with reused buffers)."""
+    `buffer` (at least info.nbytes), or a function that gives one of a size, called only
+    once the file is found to have the listed size: a local shard is read into it rather
+    than into new memory, and the arrays returned are views of it. A stream hands in the
+    buffers of the shards it dropped, so a rank's memory is the shards it holds, not what the
+    allocator kept of every shard read before (measured: 42 MiB of data memory at 1x data,
+    50 at 4x, with a new allocation per read; the same at both with reused buffers)."""
     shown = redact_url(uri)
     fs, path = storage.url_to_fs(uri)
 
@@ -154,7 +155,7 @@ def read_shard(
 
 
 def _read_local(
-    path: str, info: ShardInfo, shown: str, buffer: bytearray | None
+    path: str, info: ShardInfo, shown: str, buffer: bytearray | Callable[[int], bytearray] | None
 ) -> bytes | memoryview:
     """The local shard's bytes, into `buffer` when given; a shard that is not a regular
     file of the listed size is refused before a byte is read."""
@@ -166,6 +167,8 @@ def _read_local(
             f"shard {shown} has {status.st_size} bytes, but the index lists {info.nbytes}: "
             f"it was truncated or replaced after formatting. {REFORMAT_HINT}"
         )
+    if callable(buffer):  # sized now that the file is known to hold what the index lists
+        buffer = buffer(info.nbytes)
     target = buffer if buffer is not None and len(buffer) >= info.nbytes else None
     view = memoryview(target if target is not None else bytearray(info.nbytes))[: info.nbytes]
     with open(path, "rb") as file:

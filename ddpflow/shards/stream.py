@@ -24,7 +24,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
-from ddpflow.shards.index import ShardIndex
+from ddpflow.shards.index import ShardIndex, check_stored_sizes
 from ddpflow.shards.order import window_order
 from ddpflow.shards.settings import (
     DEFAULT_PREFETCH,
@@ -71,6 +71,8 @@ class ShardStream:
                 "the index lists records without labels: pass to_batch, which makes a batch "
                 "of records into (inputs, targets)"
             )
+        # Before any order is sized from the index's counts: they must be the stored bytes'.
+        check_stored_sizes(index)
         self.to_batch = to_batch
         self.index = index
         self.window = window
@@ -89,11 +91,10 @@ class ShardStream:
         self._pos = 0
         self._epoch_run = 0  # bumped by each start_epoch: an older reader thread stops
         self._unplanned: OrderedDict[int, _Held] = OrderedDict()
-        # Buffers of dropped local shards, each as large as the largest shard: the next
-        # read goes into one (shard_file.read_shard), so memory is what is held.
+        # Buffers of dropped local shards: the next read goes into one large enough
+        # (shard_file.read_shard), so memory is what is held.
         self._spare: list[bytearray] = []
         self._retired: list[_Held] = []  # dropped during a batch, released after it
-        self._buffer_bytes = max((shard.nbytes for shard in index.shards), default=0)
         self._local = isinstance(storage.url_to_fs(index.folder)[0], LocalFileSystem)
         self.peak_shards = 0  # the most shards held at once (the memory bound, measured)
 
@@ -181,22 +182,30 @@ class ShardStream:
     def _read(self, s: int) -> _Held:
         shard = self.index.shards[s]
         uri = self.index.uri(shard)
-        buffer = self._take_buffer() if self._local else None
+        handed: list[bytearray] = []
+
+        def buffer_of(nbytes: int) -> bytearray:
+            handed.append(self._take_buffer(nbytes))
+            return handed[-1]
+
         records, labels = read_shard(
             uri,
             shard,
             self.index.record_shape,
             self.read_bound_s,
-            buffer=buffer,
+            buffer=buffer_of if self._local else None,
             labeled=self.index.labeled,
         )
-        return _Held(records, labels, buffer)
+        return _Held(records, labels, handed[0] if handed else None)
 
-    def _take_buffer(self) -> bytearray:
+    def _take_buffer(self, nbytes: int) -> bytearray:
+        """A spare buffer of at least nbytes, else a new one of nbytes (called once the
+        shard's file is known to be that large, never on the index's word alone)."""
         with self._changed:
-            if self._spare:
-                return self._spare.pop()
-        return bytearray(self._buffer_bytes)
+            for i, spare in enumerate(self._spare):
+                if len(spare) >= nbytes:
+                    return self._spare.pop(i)
+        return bytearray(nbytes)
 
     def _release(self, held: _Held | None) -> None:
         """Drop a shard; its buffer, if any, serves the next read. (The caller holds the

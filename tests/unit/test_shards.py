@@ -165,8 +165,8 @@ def test_a_rank_holds_a_bounded_number_of_shards_whatever_the_dataset_size(tmp_p
 def test_a_shard_deleted_after_formatting_fails_the_batch_that_needs_it_naming_it(tmp_path):
     uri, _, _ = _write_split(tmp_path, [10, 10, 10, 10])
     index = read_index(uri)
-    storage.delete(index.uri(index.shards[2]))
     stream = ShardStream(index, window=1, prefetch=1)
+    storage.delete(index.uri(index.shards[2]))  # after the stream checked the sizes
     batches = epoch_batches(len(stream), 5, 0, 1, 0, 0, order=stream.epoch_order)
     stream.start_epoch(0, batches)
     served = 0
