@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from prefect import Flow
@@ -60,6 +62,18 @@ def _redacted(value: Any) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _unlogged(name: str) -> Iterator[None]:
+    """The logger `name` says nothing while the block runs."""
+    logger = logging.getLogger(name)
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
 def parse_args(flow: Flow, argv: list[str] | None = None) -> dict[str, Any]:
     """The fields given on the command line (--field value), as text, or JSON for a dict or
     list field; `--help` lists every field of the flow's parameter model."""
@@ -92,7 +106,11 @@ def run_cli(flow: Flow, argv: list[str] | None = None) -> Any:
     given = parse_args(flow, argv)
     name = parameter(flow)[0]
     try:
-        value: Any = flow.validate_parameters({name: given})[name]
+        # Prefect logs a refused set of parameters as given, credentials and all ("Parameter
+        # validation failed ... Parameters: {...}"): this first check, on the values as
+        # typed, logs nothing; the flow's own check then sees them redacted.
+        with _unlogged("prefect.flows"):
+            value: Any = flow.validate_parameters({name: given})[name]
     except ParameterTypeError:
         value = _redacted(given)
     # The ephemeral API server would try to send telemetry over a network we may not have.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import re
 import socket
 import subprocess
@@ -85,6 +86,15 @@ def assert_no_file_holds_a_secret(project: Path, *more: Path) -> None:
         assert PASSWORD.encode() not in data and KEY.encode() not in data, path
 
 
+class _Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture
 def refused(flow_services: str, monkeypatch, capfd):
     """Run train-charlm's command line with `args` in `project`, on flow_services; check that
@@ -93,10 +103,17 @@ def refused(flow_services: str, monkeypatch, capfd):
 
     def run(args: list[str], project: Path, env: dict[str, str]) -> tuple[str, dict]:
         capfd.readouterr()
-        code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
+        # Every line Prefect logs, whichever handlers the test session gave it.
+        logged = _Collect()
+        logging.getLogger("prefect").addHandler(logged)
+        try:
+            code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
+        finally:
+            logging.getLogger("prefect").removeHandler(logged)
         output = capfd.readouterr()
         assert code == 1, output.err[-3000:]
         assert_clean(output.out + output.err, "flow output")
+        assert_clean("\n".join(logged.lines), "Prefect's log lines")
         # Refused before any task: every log line is this process's. Send them all now.
         with contextlib.suppress(RuntimeError):  # none was logged to the API
             APILogWorker.instance().drain()
