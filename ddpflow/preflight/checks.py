@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
+import http.client
 import json
 import os
 import urllib.error
@@ -107,13 +108,23 @@ def check_tracking(tracking_uri: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> N
         )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             json.loads(response.read() or b"{}")
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    # http.client.InvalidURL (not a ValueError): a password with an unencoded / # or ?.
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
         reason = getattr(error, "reason", None) or error
         fix = f"Start the server or fix {TRACKING_URI_ENV}."
         if getattr(error, "code", None) in (401, 403):
             fix = "Set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or a token)."
+        if isinstance(error, http.client.InvalidURL):
+            fix = (
+                f"Its host and port cannot be parsed: percent-encode a / # ? or @ in the user "
+                f"or password of {TRACKING_URI_ENV} (or set MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD instead)."
+            )
         raise PreflightError(
-            f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). {fix}"
+            redact_text(
+                f"MLflow tracking server {base} is not usable: POST {tried} failed ({reason}). "
+                f"{fix}"
+            )
         ) from clean_cause(error)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import http.client
 import urllib.error
 import urllib.request
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -46,7 +47,8 @@ def probe_http(url: str, timeout: float = API_PROBE_TIMEOUT_S) -> str | None:
             return None
     except urllib.error.HTTPError:
         return None
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    # http.client.InvalidURL (not a ValueError): a password with an unencoded / # or ?.
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException) as error:
         return str(getattr(error, "reason", None) or error) or type(error).__name__
 
 

@@ -11,6 +11,10 @@ where the data came from.
 Free text (an exception's message, a log line) is scrubbed by :func:`redact_text`: every URL
 in it is redacted, and so is what only looks like part of one, such as `//user:pass@host`,
 urllib's `nonnumeric port: 'secret@host'` or a path with a query string (/b/k?sig=...).
+Outside URLs it hides the spellings of TEXT_PATTERNS: an `Authorization:` header's
+credentials, a bearer token, `name=value` / `name: value` / `"name": "value"` where the name
+ends in password, secret, token, a key word (`aws_secret_access_key`, `apiKey`) or
+`auth_string`, and AWS access key ids.
 Every error text that leaves a rank, a service or a library for a log, an MLflow tag, a
 Prefect artifact or state goes through :func:`redact_text` (or :func:`error_text`, which
 calls it).
@@ -35,9 +39,37 @@ _BARE_USERINFO = (
 )
 # A query string left in text without its scheme (a path an error quotes: /b/k?sig=...).
 _BARE_QUERY = r"(?<=\S)\?(?P<query>[^\s'\"<>`#]*=[^\s'\"<>`#]*)"
+# A name whose value is a credential: it ends in one of these words (any case, `_`/`-`
+# between parts), so MLFLOW_TRACKING_PASSWORD, aws_secret_access_key, secretKey, api-key and
+# PREFECT_API_AUTH_STRING match and num_tokens or keyboard do not.
+_SECRET_NAME = (
+    r"(?i:[A-Za-z0-9_.-]*?(?:passw(?:or)?d|pwd|secret|token|credentials?|"
+    r"(?:api|access|secret|private|signing|session)[_-]?key|auth[_-]?string))"
+)
+# Each: (what it hides, the pattern; its group `secret` is replaced by ***).
+TEXT_PATTERNS: tuple[tuple[str, str], ...] = (
+    (
+        "an Authorization header's credentials",
+        r"(?i:authorization)['\"]?\s*[:=]\s*['\"]?(?i:basic|bearer|token|digest)\s+"
+        r"(?P<secret>[^\s'\"]+)",
+    ),
+    ("a bearer token", r"\b(?i:bearer)\s+(?P<secret>[A-Za-z0-9+/=._~-]{8,})"),
+    (
+        "a quoted name and value (JSON, a dict's repr)",
+        rf"['\"]{_SECRET_NAME}['\"]\s*:\s*['\"](?P<secret>[^'\"]+)['\"]",
+    ),
+    (
+        "name=value or name: value (an environment line, a config file, keyword arguments)",
+        rf"(?<![A-Za-z0-9_]){_SECRET_NAME}\s*[=:]\s*['\"]?(?P<secret>[^\s'\"&,;)}}\]]+)",
+    ),
+    # http.client's message for a password with an unencoded '/' (user:pa/ss@host).
+    ("a password taken for a port", r"nonnumeric port: '(?P<secret>[^'@]+)'"),
+    ("an AWS access key id", r"\b(?P<secret>(?:AKIA|ASIA|AIDA|AROA|AGPA|ANPA)[A-Z0-9]{16})\b"),
+)
 _IN_TEXT = re.compile(
     f"(?P<url>{_URL})|{_SLASHED_USERINFO}|(?P<bare>{_BARE_USERINFO})|{_BARE_QUERY}"
 )
+_SECRETS_IN_TEXT = [re.compile(pattern) for _, pattern in TEXT_PATTERNS]
 # In a URL that cannot be parsed: user info after '//', and every query or fragment value.
 _UNPARSED_USERINFO = re.compile(r"(?<=//)[^/?#]*@")
 _UNPARSED_VALUE = re.compile(r"(?<=[?&#;])([^=&#\s]*)=[^&#\s]*")
@@ -73,6 +105,19 @@ def _redact_unparsed(url: str) -> str:
     return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", url)
 
 
+def _redact_misparsed(url: str) -> str:
+    """A URL whose "port" is no number: most often a password with an unencoded / # or ?
+    (http://user:pa/ss@host), which a parser splits before its '@'. Everything from '://'
+    to the last '@' is user info; without an '@' the URL is redacted as unparsable."""
+    scheme, _, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not at:
+        return _redact_unparsed(url)
+    user = userinfo.partition(":")[0]
+    shown = f"{user}:{MASK}@" if ":" in userinfo and user else f"{MASK}@"
+    return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", f"{scheme}://{shown}{host}")
+
+
 def _redact_one(url: str) -> str:
     if "://" not in url:
         return url  # a plain path: nothing in it is a credential field
@@ -80,6 +125,10 @@ def _redact_one(url: str) -> str:
         parts = urlsplit(url)
     except ValueError:
         return _redact_unparsed(url)
+    try:
+        parts.port  # noqa: B018 - raises for a port that is no number
+    except ValueError:
+        return _redact_misparsed(url)
     redacted = (
         parts.scheme,
         _redact_netloc(parts.netloc),
@@ -122,10 +171,19 @@ def _redact_match(match: re.Match[str]) -> str:
     return f"//{_redact_netloc(match.group('userinfo') + '@')}"
 
 
+def _mask_secret(match: re.Match[str]) -> str:
+    start, end = match.span("secret")
+    whole = match.group(0)
+    return whole[: start - match.start()] + MASK + whole[end - match.start() :]
+
+
 def redact_text(text: str) -> str:
-    """Free text (an error message, a log line) with every URL, and every piece of one that
-    carries user info, redacted."""
-    return _IN_TEXT.sub(_redact_match, text)
+    """Free text (an error message, a log line) with every URL, every piece of one that
+    carries user info, and every spelling of TEXT_PATTERNS redacted."""
+    text = _IN_TEXT.sub(_redact_match, text)
+    for pattern in _SECRETS_IN_TEXT:
+        text = pattern.sub(_mask_secret, text)
+    return text
 
 
 def error_text(error: BaseException) -> str:

@@ -177,3 +177,48 @@ def test_clean_cause_drops_a_cause_whose_chain_repeats_a_secret() -> None:
     assert clean_cause(ValueError("nonnumeric port: 'S3CRETPW@mlflow.internal'")) is None
     plain = OSError("connection refused")
     assert clean_cause(plain) is plain
+
+
+# One row per spelling of redact.TEXT_PATTERNS (and the ones around them that must stay).
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Authorization: Basic YWxpY2U6S3gtOTM=", "Authorization: Basic ***"),
+        ("{'Authorization': 'Bearer eyJhbGciOi.x.y'}", "{'Authorization': 'Bearer ***'}"),
+        ("headers={'authorization': 'token TOKEN123'}", "headers={'authorization': 'token ***'}"),
+        ("sent Bearer eyJhbGciOiJIUzI1 to the API", "sent Bearer *** to the API"),
+        ("aws_secret_access_key=S3CRETPW/xyz+", "aws_secret_access_key=***"),
+        ("AWS_SECRET_ACCESS_KEY='S3CRETPW'", "AWS_SECRET_ACCESS_KEY='***'"),
+        ("login with password=PASSWORD now", "login with password=*** now"),
+        ("MLFLOW_TRACKING_PASSWORD=PW9", "MLFLOW_TRACKING_PASSWORD=***"),
+        ("PREFECT_API_AUTH_STRING=ddpflow:PW9", "PREFECT_API_AUTH_STRING=***"),
+        ('{"token": "TOKEN123", "name": "pets"}', '{"token": "***", "name": "pets"}'),
+        ('{"secretKey": "SAS5"}', '{"secretKey": "***"}'),
+        ("api-key: KEY123", "api-key: ***"),
+        ("client(private_key=PRIV3, region=eu)", "client(private_key=***, region=eu)"),
+        ("the key AKIAIOSFODNN7ACC7XYZ is not yours", "the key *** is not yours"),
+        ("InvalidURL: nonnumeric port: 'PW9'", "InvalidURL: nonnumeric port: '***'"),
+        # A password with an unencoded / # or ?: a parser splits it before the '@'.
+        ("http://alice:PW9/ACC7@host.example/x?k=KEY123", "http://alice:***@host.example/x?k=***"),
+        ("http://alice:PW9#ACC7@host.example/x", "http://alice:***@host.example/x"),
+        ("http://alice:PW9?ACC7@host.example/x", "http://alice:***@host.example/x"),
+        # Not credentials: stay as they are.
+        ("https://host.example:443/models/a@b", "https://host.example:443/models/a@b"),
+        ("num_tokens=5 keyboard=3 max_restarts=2", "num_tokens=5 keyboard=3 max_restarts=2"),
+        ("tokens: 12, secrets folder: none", "tokens: 12, secrets folder: none"),
+    ],
+)
+def test_credentials_outside_urls_are_hidden(text: str, expected: str) -> None:
+    assert redact_text(text) == expected
+
+
+def test_a_tracking_uri_whose_password_has_a_slash_fails_preflight_naming_the_fix() -> None:
+    """http.client takes `alice:PW9` for host and port and raises InvalidURL (no ValueError)
+    before any connection: pre-flight names the fix and repeats no part of the password."""
+    from ddpflow.preflight.checks import PreflightError, check_tracking
+
+    with pytest.raises(PreflightError) as refused:
+        check_tracking("http://alice:PW9/ACC7@127.0.0.1:9/", timeout_s=2)
+    message = str(refused.value)
+    assert "percent-encode" in message and "MLFLOW_TRACKING_URI" in message
+    assert "PW9" not in message and "ACC7" not in message, message
