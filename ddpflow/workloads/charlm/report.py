@@ -14,6 +14,7 @@ from ddpflow import storage
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.data import FormattedCorpus
+from ddpflow.workloads.escape import markdown_text
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class EvalResult:
 
 
 def evaluation_markdown(run: RunRef, result: EvalResult, corpus: FormattedCorpus) -> str:
-    names = "\n".join(f"- {n or '(empty)'}" for n in result.names)
+    names = "\n".join(f"- {markdown_text(n) if n else '(empty)'}" for n in result.names)
     return (
         f"# Pet-name model evaluation\n\n"
         f"| | |\n|---|---|\n"

@@ -14,7 +14,9 @@ from mlflow.tracking import MlflowClient
 from ddpflow import storage
 from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.registry.serving import register_checkpoint_model
+from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
+from ddpflow.workloads.escape import markdown_text
 from ddpflow.workloads.vision.config import ImageModelConfig, ModelConfigError
 from ddpflow.workloads.vision.data import open_split
 from ddpflow.workloads.vision.metrics import confusion_matrix, predict
@@ -110,7 +112,7 @@ def _metric_safe(name: str) -> str:
 
 def evaluation_markdown(run: RunRef, result: ImageEvalResult, num_bad: int) -> str:
     rows = "\n".join(
-        f"| {name} | {_percent(r['accuracy'])} | {r['correct']} / {r['support']} |"
+        f"| {markdown_text(name)} | {_percent(r['accuracy'])} | {r['correct']} / {r['support']} |"
         for name, r in result.per_class.items()
     )
     return (
@@ -122,7 +124,7 @@ def evaluation_markdown(run: RunRef, result: ImageEvalResult, num_bad: int) -> s
         f"| validation loss | {result.val_loss:.4f} |\n"
         f"| validation images | {result.num_val} |\n"
         f"| unreadable files skipped | {num_bad} |\n"
-        f"| checkpoint | `{result.checkpoint_uri}` |\n\n"
+        f"| checkpoint | `{redact_url(result.checkpoint_uri)}` |\n\n"
         f"## Per-class accuracy\n\n| class | accuracy | correct / images |\n|---|---|---|\n"
         f"{rows}\n"
     )

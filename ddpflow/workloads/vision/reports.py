@@ -17,6 +17,8 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ddpflow.workloads.escape import csv_cell, from_csv_cell
+
 MAX_ANNOTATED_CLASSES = 30  # beyond this, counts in cells are unreadable
 
 
@@ -41,18 +43,20 @@ def per_class_accuracy(confusion: list[list[int]]) -> list[float | None]:
 
 
 def confusion_csv(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -> str:
-    """Rows are true classes, columns predicted ones; the header row names the columns."""
+    """Rows are true classes, columns predicted ones; the header row names the columns.
+    Class names are cells no spreadsheet evaluates (ddpflow.workloads.escape)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["true\\predicted", *classes])
+    writer.writerow(["true\\predicted", *(csv_cell(name) for name in classes)])
     for name, row in zip(classes, confusion, strict=True):
-        writer.writerow([name, *row])
+        writer.writerow([csv_cell(name), *row])
     return buffer.getvalue()
 
 
 def read_confusion_csv(text: str) -> tuple[list[str], list[list[int]]]:
     rows = list(csv.reader(io.StringIO(text)))
-    return rows[0][1:], [[int(v) for v in row[1:]] for row in rows[1:]]
+    classes = [from_csv_cell(name) for name in rows[0][1:]]
+    return classes, [[int(v) for v in row[1:]] for row in rows[1:]]
 
 
 def per_class_report(
