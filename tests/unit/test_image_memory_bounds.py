@@ -117,3 +117,34 @@ def test_max_image_mb_has_an_upper_bound(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_image_mb=1024 is not above 0 and at most 256"):
         list_image_folder(root, 1024)
     assert MAX_IMAGE_MB * MiB <= READ_BUDGET_BYTES  # one image at the cap fits the budget
+
+
+def test_objects_grown_since_the_listing_put_no_more_bytes_in_flight_than_planned(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """64 objects listed at 1,000 bytes each grew to 200 KB (under the cap) before they were
+    read: one batch's reads hold what the listing planned (64 x 1,001 bytes), not 64 x the
+    grown size; each grown object is then read alone, whole."""
+    fs = fsspec.filesystem("memory")
+    keys = [f"c/{i}.png" for i in range(64)]
+    grown = b"g" * (200 * 1000)
+    fs.pipe({f"/grow/{key}": grown for key in keys})
+    in_flight: list[int] = []  # bytes each batched read returned at once
+
+    def counting(method):
+        def read(*args, **kwargs):
+            found = method(*args, **kwargs)
+            values = found.values() if isinstance(found, dict) else found
+            in_flight.append(sum(len(data) for data in values if isinstance(data, bytes)))
+            return found
+
+        return read
+
+    monkeypatch.setattr(fs, "cat_ranges", counting(fs.cat_ranges))
+    monkeypatch.setattr(fs, "cat", counting(fs.cat))
+    try:
+        out = dict(read_objects("memory://grow", keys, MiB, dict.fromkeys(keys, 1000)))
+        assert in_flight == [64 * 1001], in_flight
+        assert all(out[key] == grown for key in keys)
+    finally:
+        fs.rm("/grow", recursive=True)

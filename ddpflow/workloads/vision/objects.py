@@ -203,19 +203,20 @@ def read_objects(
         for key in empty:  # a ranged read of an empty object is an error on S3
             yield key, BadObject("an empty file (0 bytes)")
         paths = {f"{base}/{key}": key for key in batch if key not in empty}
-        # At most cap + 1 bytes of each: an object rewritten larger since the listing is
-        # cut off and refused below, never read whole.
-        limits = {"start": 0, "end": max_bytes + 1}
+        # At most the listed size (at most the cap) + 1 bytes of each: the batch's bytes in
+        # flight are what it was planned for, even when every object has grown since the
+        # listing. One that did is read again alone, up to the cap + 1, and refused over it.
+        ends = [_cost(sizes, key, max_bytes) for key in paths.values()]
+        limits = {}
         if isinstance(fs, AsyncFileSystem):  # a deadline for the batch, as for a single read
-            limits["timeout"] = read_timeout_s(
-                sum(_cost(sizes, k, max_bytes) for k in paths.values())
-            )
-        contents = fs.cat(list(paths), on_error="return", **limits)
-        for path, key in paths.items():
-            data = contents.get(path)
+            limits["timeout"] = read_timeout_s(sum(ends))
+        contents = fs.cat_ranges(list(paths), [0] * len(ends), ends, on_error="return", **limits)
+        for (path, key), data, end in zip(paths.items(), contents, ends, strict=True):
+            uri = storage.join(root, key)
             if not isinstance(data, bytes):
-                data = _retry_remote(fs, path, storage.join(root, key), data, max_bytes)
-            # The listing checked the size; an object rewritten since is checked again.
+                data = _retry_remote(fs, path, uri, data, max_bytes)
+            elif len(data) >= end and end <= max_bytes:  # grown since the listing
+                data = _retry_remote(fs, path, uri, None, max_bytes, grown=True)
             fits = len(data) <= max_bytes
             yield key, data if fits else BadObject(too_large(len(data), max_bytes))
 
@@ -262,9 +263,13 @@ def _local_or_bad(path: str, real_base: str, max_bytes: int) -> bytes | BadObjec
         ) from error
 
 
-def _retry_remote(fs: Any, path: str, uri: str, error: Any, max_bytes: int) -> bytes:
+def _retry_remote(
+    fs: Any, path: str, uri: str, error: Any, max_bytes: int, grown: bool = False
+) -> bytes:
+    """The object read alone, up to the cap + 1: after a transient error, or (`grown`)
+    because it holds more than the listing said."""
     shown = redact_url(uri)
-    if isinstance(error, BaseException) and is_transient(error):
+    if grown or (isinstance(error, BaseException) and is_transient(error)):
         try:
             return retry_call(
                 lambda: fs.cat_file(path, start=0, end=max_bytes + 1), what=f"read {shown}"
