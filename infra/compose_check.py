@@ -1,14 +1,14 @@
 """The compose stack's credentials, checked before anything starts: `python -m infra.compose_check`.
 
 compose.yaml runs this first (the one-shot `check-secrets` service, on which every other
-service waits), with ddpflow.env and minio.env as its environment: a missing value, a value
-still the example's placeholder, a short password, or the workers' S3 key being MinIO's
-root user stops the stack with a message naming the variable and the fix. On the host,
+service waits), with ddpflow.env and s3.env as its environment: a missing value, a value
+still the example's placeholder, a short password, or the workers' S3 key being the S3
+administrator's stops the stack with a message naming the variable and the fix. On the host,
 `python -m infra.compose_check --env-file infra/docker/ddpflow.env --env-file
-infra/docker/minio.env` checks the files themselves, their mode (0600) included.
+infra/docker/s3.env` checks the files themselves, their mode (0600) included.
 
 Basic auth and S3 keys cross the network only over TLS: other machines reach Prefect, MLflow
-and MinIO only through the stack's TLS proxy, whose certificate (DDPFLOW_HTTPS_CERT) must
+and S3 only through the stack's TLS proxy, whose certificate (DDPFLOW_HTTPS_CERT) must
 name the address it is published on (DDPFLOW_PUBLISH_ADDRESS, and DDPFLOW_PUBLISH_NAME when
 clients use a host name), or the clients, which check it, could not connect.
 
@@ -29,10 +29,15 @@ PLACEHOLDER = "change-me"
 MIN_SECRET_LENGTH = 16
 FIX = "set a long random value, or write fresh files with `python -m infra.compose_secrets DIR`"
 
-# name -> whether it is a secret (length-checked) or a user name (only filled in).
+# The S3 administrator's key pair (s3.env): the compose recipe's SeaweedFS makes the bucket
+# with it; no ddpflow container holds it.
+S3_ADMIN_KEY_ID = "S3_ADMIN_ACCESS_KEY_ID"
+S3_ADMIN_SECRET = "S3_ADMIN_SECRET_ACCESS_KEY"
+
+# name -> whether it is a secret (length-checked) or a user name / key id (only filled in).
 VARIABLES: dict[str, bool] = {
-    "MINIO_ROOT_USER": False,
-    "MINIO_ROOT_PASSWORD": True,
+    S3_ADMIN_KEY_ID: False,
+    S3_ADMIN_SECRET: True,
     "AWS_ACCESS_KEY_ID": False,
     "AWS_SECRET_ACCESS_KEY": True,
     "PREFECT_API_AUTH_STRING": True,  # USER:PASSWORD, the password part is checked
@@ -59,11 +64,12 @@ def problems(env: Mapping[str, str], names: Iterable[str] = VARIABLES) -> list[s
             found.append(f"{name} must be USER:PASSWORD; {FIX}")
         elif VARIABLES.get(name) and len(_secret_part(name, value)) < MIN_SECRET_LENGTH:
             found.append(f"{name} is shorter than {MIN_SECRET_LENGTH} characters; {FIX}")
-    root, worker = env.get("MINIO_ROOT_USER", ""), env.get("AWS_ACCESS_KEY_ID", "")
-    if root and worker and root.strip() == worker.strip():
+    admin, worker = env.get(S3_ADMIN_KEY_ID, ""), env.get("AWS_ACCESS_KEY_ID", "")
+    if admin and worker and admin.strip() == worker.strip():
         found.append(
-            "AWS_ACCESS_KEY_ID is MINIO_ROOT_USER: the workers would hold MinIO's root key; "
-            "give them their own user (minio-init creates it with access to the bucket only)"
+            f"AWS_ACCESS_KEY_ID is {S3_ADMIN_KEY_ID}: the workers would hold the S3 "
+            "administrator's key; give them their own (the s3 service makes it a user of the "
+            "bucket only)"
         )
     return found
 

@@ -1,6 +1,6 @@
 """Fresh credentials for the compose stack: `python -m infra.compose_secrets infra/docker`.
 
-Writes DIR/ddpflow.env and DIR/minio.env from the *.example files beside compose.yaml, each
+Writes DIR/ddpflow.env and DIR/s3.env from the *.example files beside compose.yaml, each
 placeholder replaced by its own random value, mode 0600 from the first byte (a `cp` of the
 example would leave them readable by every user of the host). An existing file is kept
 (MLflow's admin password is set only when its user DB is first made, so new values would lock
@@ -19,7 +19,7 @@ from infra.compose_check import PLACEHOLDER, problems, read_env_file
 from infra.private import write_private
 
 EXAMPLES = Path(__file__).resolve().parent / "docker"
-FILES = ("ddpflow.env", "minio.env")
+FILES = ("ddpflow.env", "s3.env")
 _PLACEHOLDER_VALUE = re.compile(rf"{PLACEHOLDER}[\w-]*")
 
 
@@ -29,7 +29,7 @@ def fresh(example: str) -> str:
 
 
 def write_env_files(folder: Path, force: bool = False) -> list[Path]:
-    """DIR/ddpflow.env and DIR/minio.env, fresh and 0600; existing ones kept unless force."""
+    """DIR/ddpflow.env and DIR/s3.env, fresh and 0600; existing ones kept unless force."""
     written = []
     for name in FILES:
         target = Path(folder) / name

@@ -6,8 +6,9 @@ made with debootstrap and `docker import`, Python and the host's CA certificates
 project's image is built from infra/docker/Dockerfile with that base as BASE_IMAGE. Builds
 use the host's network (containers on a bridge have no route out without iptables NAT,
 which the engine is started without, to leave the network-namespace tests' rules alone).
-Each image is built once per machine and reused while it exists; the project's image is
-rebuilt every time (only its code layers change between runs).
+Each base image is built once per machine and reused while it exists; the project's image,
+which also runs the recipe's S3 server (SeaweedFS), is rebuilt every time (only its code
+layers change between runs).
 
 Outside CI a machine without Docker (or without root to install it) skips the test; on CI
 (CI=true) that is a failure, as for the Slurm tests.
@@ -29,7 +30,6 @@ DEBIAN = "local/debian:bookworm"
 PYTHON = "local/python:3.11"
 NGINX = "local/nginx:bookworm"
 PROJECT = "ddpflow:latest"
-S3_STANDIN = "ddpflow-s3-standin:latest"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 CA_FOLDER = Path("/usr/local/share/ca-certificates")
 
@@ -107,7 +107,7 @@ def _build(tag: str, dockerfile: str, context: Path, *args: str) -> None:
 
 
 def build_images(work: Path) -> None:
-    """The base images (once per machine), the project's image and the S3 stand-in's."""
+    """The base images (once per machine) and the project's image."""
     if not _exists(DEBIAN):
         rootfs = work / "rootfs"
         run("debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR)
@@ -144,28 +144,17 @@ def build_images(work: Path) -> None:
             'CMD ["nginx", "-g", "daemon off;"]\n',
             context,
         )
-    # The images these builds replace: each rebuild (the checkout changed) would leave the
-    # previous ones behind, untagged, 7 GB each, until the disk is full.
-    replaced = [_image_id(S3_STANDIN), _image_id(PROJECT)]  # the stand-in is built FROM it
+    # The image this build replaces: each rebuild (the checkout changed) would leave the
+    # previous one behind, untagged, 7 GB each, until the disk is full.
+    replaced = _image_id(PROJECT)
     run(
         "docker", "build", "--network", "host", "--force-rm", "-q", "-t", PROJECT,
         "--build-arg", f"BASE_IMAGE={PYTHON}", "-f", "infra/docker/Dockerfile", ".",
         cwd=REPO, timeout_s=1800,
     )  # fmt: skip
-    context = work / "standin"
-    context.mkdir()
-    shutil.copy(REPO / "constraints.txt", context / "constraints.txt")
-    _build(
-        S3_STANDIN,
-        f"FROM {PROJECT}\nCOPY constraints.txt /tmp/\n"
-        "RUN pip install -c /tmp/constraints.txt 'moto[server]'\n",
-        context,
-    )
-    current = {_image_id(S3_STANDIN), _image_id(PROJECT)}
-    for old in replaced:
-        if old is not None and old not in current:
-            # Fails, harmlessly, for an image a container still uses: it stays.
-            subprocess.run(["docker", "image", "rm", old], capture_output=True)
+    if replaced is not None and replaced != _image_id(PROJECT):
+        # Fails, harmlessly, for an image a container still uses: it stays.
+        subprocess.run(["docker", "image", "rm", replaced], capture_output=True)
 
 
 def remove_project(project: str) -> None:

@@ -1,11 +1,12 @@
 """The compose recipe (infra/docker/compose.yaml) run for real: the project's image built
-and run, the stack up with TLS and auth on, a training started with `prefect deployment run` on the
-stack's own Prefect worker, its MLflow run and S3 objects read back, and a client without
-credentials refused by every service.
+and run, the stack up with TLS and auth on and its own S3 server (SeaweedFS), a training
+started with `prefect deployment run` on the stack's own Prefect worker, its MLflow run and
+the checkpoints in the S3 bucket read back, a client without credentials refused by every
+service, and the workers' S3 key refused outside its bucket.
 
-What this machine cannot run is swapped by tests/compose_stack/compose.test.yaml (MinIO's and
-nginx's images, GPUs), each with the reason; everything else is the recipe's, credentials
-made by `python -m infra.compose_secrets` and certificates by `python -m infra.certs`.
+What this machine cannot run is swapped by tests/compose_stack/compose.test.yaml (nginx's
+image, GPUs), each with the reason; everything else is the recipe's, credentials made by
+`python -m infra.compose_secrets` and certificates by `python -m infra.certs`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
+import botocore
+import botocore.config
 import botocore.exceptions
 import pytest
 
@@ -44,8 +47,7 @@ RECIPE = REPO / "infra" / "docker"
 # The recipe's services this machine runs (no GPU workers; compose.test.yaml adds CPU ones).
 SERVICES = [
     "check-secrets",
-    "minio",
-    "minio-init",
+    "s3",
     "prefect-server",
     "mlflow",
     "tls-proxy",
@@ -85,15 +87,28 @@ def _wait_for(what: str, check, timeout_s: float = 300) -> None:
         time.sleep(2)
 
 
-def s3_client(key_id: str, secret: str):
-    """A client of the stack's S3 on this host with the given key."""
+def s3_client(key_id: str | None, secret: str | None, service: str = "s3", **kwargs):
+    """A client of the stack's S3 on this host with the given key (None: unsigned requests)."""
+    if key_id is None:
+        kwargs["config"] = botocore.config.Config(signature_version=botocore.UNSIGNED)
     return boto3.client(
-        "s3",
-        endpoint_url="http://127.0.0.1:9000",
+        service,
+        endpoint_url=kwargs.pop("endpoint_url", "http://127.0.0.1:9000"),
         region_name="us-east-1",
         aws_access_key_id=key_id,
         aws_secret_access_key=secret,
+        **kwargs,
     )
+
+
+def _refused(call, *args, **kwargs) -> str:
+    """The S3 error code (or HTTP status) a request gets; fails the test if it succeeds."""
+    try:
+        call(*args, **kwargs)
+    except botocore.exceptions.ClientError as error:
+        code = error.response.get("Error", {}).get("Code")
+        return code or str(error.response["ResponseMetadata"]["HTTPStatusCode"])
+    raise AssertionError(f"{call.__name__} was allowed")
 
 
 def _status(url: str, context: ssl.SSLContext | None = None, post: bool = False) -> int:
@@ -152,9 +167,6 @@ def stack(images, tmp_path_factory) -> Iterator[dict]:
     for name in ("compose.yaml", "mlflow-auth.ini", "nginx-tls.conf"):
         shutil.copy(RECIPE / name, folder / name)
     shutil.copy(Path(__file__).with_name("compose.test.yaml"), folder / "compose.test.yaml")
-    (folder / "standin").mkdir()
-    shutil.copy(Path(__file__).with_name("s3_standin.py"), folder / "standin" / "s3_standin.py")
-    shutil.copy(RECIPE / "minio-ddpflow-policy.json", folder / "standin" / "policy.json")
     python = [sys.executable, "-m"]
     run(*python, "infra.compose_secrets", str(folder), cwd=REPO)
     run(*python, "infra.certs", str(folder / "tls"), cwd=REPO)
@@ -168,7 +180,7 @@ def stack(images, tmp_path_factory) -> Iterator[dict]:
         "localhost",
         cwd=REPO,
     )
-    env = {**read_env_file(folder / "ddpflow.env"), **read_env_file(folder / "minio.env")}
+    env = {**read_env_file(folder / "ddpflow.env"), **read_env_file(folder / "s3.env")}
     try:
         # A stack left by an interrupted run (same project name) goes first, volumes too:
         # MLflow's user DB would keep that run's admin password.
@@ -234,13 +246,19 @@ def test_every_service_refuses_a_client_without_credentials(stack):
     env = stack["env"]
     assert _status("http://127.0.0.1:4200/api/flows/filter", post=True) == 401
     assert _status("http://127.0.0.1:5000/api/2.0/mlflow/experiments/search?max_results=1") == 401
-    stranger = s3_client("stranger", "not-a-key")
-    with pytest.raises(botocore.exceptions.ClientError):
-        stranger.list_objects_v2(Bucket="ddpflow")
-    # The workers' key reaches the bucket only: it cannot make another.
-    worker = s3_client(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
-    with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
-        worker.create_bucket(Bucket="not-ddpflow")
+    # S3: no signature, an unknown key, a known key with a wrong secret.
+    for key_id, secret in (
+        (None, None),
+        ("stranger", "not-a-key"),
+        (env["AWS_ACCESS_KEY_ID"], "not-the-secret-of-this-key"),
+    ):
+        client = s3_client(key_id, secret)
+        assert _refused(client.list_objects_v2, Bucket="ddpflow") in {
+            "AccessDenied",
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+        }, key_id
+        assert _refused(client.put_object, Bucket="ddpflow", Key="x", Body=b"x")
     # Dask: mutual TLS; a client without the stack's certificate does not get in.
     probe = (
         "import distributed, sys\n"
@@ -256,7 +274,175 @@ def test_every_service_refuses_a_client_without_credentials(stack):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     # Through the TLS proxy, with the stack's CA: reachable, and still behind auth.
-    context = ssl.create_default_context(cafile=str(stack["folder"] / "https" / "ca.pem"))
+    ca = str(stack["folder"] / "https" / "ca.pem")
+    context = ssl.create_default_context(cafile=ca)
     assert _status("https://127.0.0.1:5443/health", context=context) == 200
     assert _status("https://127.0.0.1:5443/api/2.0/mlflow/experiments/search?max_results=1",
                    context=context) == 401  # fmt: skip
+    # S3 through the proxy: the workers' key signs for the proxy's address (nginx passes the
+    # Host header on), a request without a signature is refused.
+    proxied = {"endpoint_url": "https://127.0.0.1:9443", "verify": ca}
+    worker = s3_client(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"], **proxied)
+    worker.put_object(Bucket="ddpflow", Key="probes/through-the-proxy", Body=b"tls")
+    assert worker.get_object(Bucket="ddpflow", Key="probes/through-the-proxy")["Body"].read()
+    assert _refused(s3_client(None, None, **proxied).list_objects_v2, Bucket="ddpflow")
+
+
+# The S3 server's two identities (infra/seaweedfs/serve.py): the administrator (s3.env) makes
+# buckets; the workers' key (ddpflow.env) reads and writes the bucket ddpflow and nothing else.
+def test_the_workers_s3_key_is_refused_outside_its_bucket(stack):
+    env = stack["env"]
+    admin = s3_client(env["S3_ADMIN_ACCESS_KEY_ID"], env["S3_ADMIN_SECRET_ACCESS_KEY"])
+    admin.create_bucket(Bucket="admins-own")
+    admin.put_object(Bucket="admins-own", Key="private", Body=b"the administrator's")
+    worker = s3_client(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    worker.put_object(Bucket="ddpflow", Key="probes/worker", Body=b"mine")
+    assert worker.get_object(Bucket="ddpflow", Key="probes/worker")["Body"].read() == b"mine"
+    assert _refused(worker.create_bucket, Bucket="workers-own") == "AccessDenied"
+    assert _refused(worker.get_object, Bucket="admins-own", Key="private") == "AccessDenied"
+    assert _refused(worker.list_objects_v2, Bucket="admins-own") == "AccessDenied"
+    assert _refused(worker.put_object, Bucket="admins-own", Key="x", Body=b"x") == "AccessDenied"
+    assert _refused(worker.delete_object, Bucket="admins-own", Key="private") == "AccessDenied"
+    assert _refused(worker.delete_bucket, Bucket="admins-own") == "AccessDenied"
+    listed = [b["Name"] for b in worker.list_buckets()["Buckets"]]
+    assert listed == ["ddpflow"], listed  # the administrator's bucket is not even named
+    assert admin.get_object(Bucket="admins-own", Key="private")["Body"].read()
+    # IAM on the S3 port (SeaweedFS serves it unless told not to): the workers' key cannot
+    # list users or give itself another key.
+    key = (env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    for action in ("ListUsers", "CreateAccessKey&UserName=ddpflow-worker", "CreateUser&UserName=x"):
+        status, body = _signed_iam_request(*key, action)
+        assert status in (403, 405), (action, status, body[:300])
+        assert b"AccessKeyId" not in body and b"<User>" not in body
+
+
+def _signed_iam_request(key_id: str, secret: str, action: str) -> tuple[int, bytes]:
+    """An IAM API request (POST / with Action=...) signed with this key, as an AWS IAM client
+    sends it: its status and body, whatever they are (boto3's IAM client cannot parse the
+    empty body of a 405)."""
+    from botocore.auth import SigV4Auth
+    from botocore.awsrequest import AWSRequest
+    from botocore.credentials import Credentials
+
+    request = AWSRequest(
+        method="POST",
+        url="http://127.0.0.1:9000/",
+        data=f"Action={action}&Version=2010-05-08".encode(),
+        headers={"Content-Type": "application/x-www-form-urlencoded; charset=utf-8"},
+    )
+    SigV4Auth(Credentials(key_id, secret), "iam", "us-east-1").add_auth(request)
+    prepared = request.prepare()
+    sent = urllib.request.Request(
+        prepared.url, data=prepared.body, headers=dict(prepared.headers), method="POST"
+    )
+    try:
+        with urllib.request.urlopen(sent, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def _s3_container(folder: Path, code: str) -> str:
+    return compose(folder, "exec", "-T", "s3", "python", "-c", code)
+
+
+# What the S3 container exposes: its inner services (master, volume, filer) on 127.0.0.1 only,
+# so another container reaches the S3 gateway and, beside it, a gRPC port that asks for a
+# certificate of the server's own CA; the keys in no process's argv or weed's environment.
+LISTENERS = """
+import json
+listening = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        if state == "0A":
+            address, port = local.rsplit(":", 1)
+            listening.add((address, int(port, 16)))
+print(json.dumps(sorted(listening)))
+"""
+PROCESSES = """
+import json, os
+found = {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+        environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    pairs = [e.decode(errors="replace").partition("=") for e in environ if e]
+    found[pid] = {"argv": [a.decode(errors="replace") for a in argv if a],
+                  "env": [name for name, _, _ in pairs],
+                  "env_values": [value for _, _, value in pairs]}
+print(json.dumps(found))
+"""
+ANY = {"00000000", "00000000000000000000000000000000"}
+
+
+def _loopback(address: str) -> bool:
+    """/proc/net/tcp's hex address is in 127.0.0.0/8 (Docker's DNS listens on 127.0.0.11) or ::1."""
+    return address.endswith("7F") if len(address) == 8 else address == "0" * 24 + "01000000"
+
+
+def test_the_s3_container_exposes_only_the_gateway_and_no_key(stack):
+    folder, env = stack["folder"], stack["env"]
+    listening = json.loads(_s3_container(folder, LISTENERS).strip().splitlines()[-1])
+    outside = {port for address, port in listening if not _loopback(address)}
+    assert all(_loopback(address) or address in ANY for address, _ in listening), listening
+    assert 9000 in outside and len(outside) == 2, listening  # the gateway and its gRPC
+    (grpc,) = outside - {9000}
+    assert len(listening) > 6, "master, volume and filer (HTTP and gRPC) listen on loopback"
+    probe = (
+        "import socket, ssl, sys\n"
+        "context = ssl.create_default_context()\n"
+        "context.check_hostname = False\n"
+        "context.verify_mode = ssl.CERT_NONE\n"
+        "context.set_alpn_protocols(['h2'])\n"
+        f"sock = context.wrap_socket(socket.create_connection(('s3', {grpc}), 10))\n"
+        "try:\n"
+        "    sock.sendall(b'PRI * HTTP/2.0\\r\\n\\r\\nSM\\r\\n\\r\\n')\n"
+        "    sock.recv(100)\n"
+        "except ssl.SSLError as error:\n"
+        "    print('refused', error.reason); sys.exit(0)\n"
+        "print('answered'); sys.exit(1)\n"
+    )
+    refused = in_worker(folder, "python", "-c", probe)
+    assert "CERTIFICATE_REQUIRED" in refused, refused
+    processes = json.loads(_s3_container(folder, PROCESSES).strip().splitlines()[-1])
+    weed = [p for p in processes.values() if p["argv"] and p["argv"][0].endswith("/weed")]
+    assert len(weed) == 1, processes
+    secrets = [env[n] for n in ("S3_ADMIN_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY")]
+    for process in processes.values():
+        assert not any(s in arg for s in secrets for arg in process["argv"]), process["argv"]
+    assert not any(s in v for s in secrets for v in weed[0]["env_values"])
+    assert not any(n.startswith(("AWS_", "S3_ADMIN_")) for n in weed[0]["env"]), weed[0]["env"]
+    # No ddpflow container holds the administrator's key.
+    for service in SERVICES:
+        if service in ("s3", "check-secrets"):
+            continue
+        ids = compose(folder, "ps", "-q", service).split()
+        for container in ids:
+            names = run("docker", "inspect", "--format", "{{json .Config.Env}}", container).stdout
+            assert "S3_ADMIN_" not in names, service
+
+
+# Last: stops and restarts the S3 server. SIGTERM stops it within seconds (serve passes it on
+# and kills weed, which ignores it for minutes, after 3 s); its data lives in the volume.
+def test_the_s3_server_stops_on_sigterm_and_keeps_its_data(stack):
+    folder, env = stack["folder"], stack["env"]
+    worker = s3_client(env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+    worker.put_object(Bucket="ddpflow", Key="probes/kept", Body=b"across a restart")
+    (container,) = compose(folder, "ps", "-q", "s3").split()
+    started = time.monotonic()
+    compose(folder, "stop", "--timeout", "30", "s3")
+    stopped_in = time.monotonic() - started
+    state = json.loads(run("docker", "inspect", "--format", "{{json .State}}", container).stdout)
+    assert state["ExitCode"] == 0 and not state["OOMKilled"], state
+    assert stopped_in < 15, f"the S3 container took {stopped_in:.1f} s to stop"
+    compose(folder, "start", "s3")
+
+    def back() -> bool:
+        inspect = run("docker", "inspect", "--format", "{{.State.Health.Status}}", container)
+        body = worker.get_object(Bucket="ddpflow", Key="probes/kept")["Body"].read()
+        return inspect.stdout.strip() == "healthy" and body == b"across a restart"
+
+    _wait_for("the S3 server, healthy and with its data, after a restart", back, timeout_s=180)

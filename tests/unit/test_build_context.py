@@ -25,7 +25,7 @@ DOCKERFILE = "infra/docker/Dockerfile"
 # dask-tls` (the Kubernetes recipe) and a few local runs: credentials first.
 SECRETS = (
     "infra/docker/ddpflow.env",
-    "infra/docker/minio.env",
+    "infra/docker/s3.env",
     "infra/docker/tls/key.pem",
     "infra/docker/tls/cert.pem",
     "infra/docker/tls/ca.pem",

@@ -34,17 +34,15 @@ def test_compose_has_the_production_services(compose: dict) -> None:
         "prefect-server",
         "prefect-worker",
         "mlflow",
-        "minio",
-        "minio-init",
+        "s3",
         "dask-scheduler",
         "dask-cpu-worker",
         "dask-gpu-worker-0",
         "dask-gpu-worker-1",
     ):
         assert name in services, name
-    third_party = ("minio", "minio-init", "tls-proxy")
-    images = {s.get("image") for n, s in services.items() if n not in third_party}
-    assert images == {"ddpflow:latest"}, "one image for the runner and every Dask process"
+    images = {s.get("image") for n, s in services.items() if n != "tls-proxy"}
+    assert images == {"ddpflow:latest"}, "one image for the runner, every Dask process and S3"
     assert services["prefect-worker"]["build"]["dockerfile"] == "infra/docker/Dockerfile"
 
 
@@ -68,7 +66,7 @@ def test_compose_uses_the_contract_variables(compose: dict) -> None:
     assert env["MLFLOW_TRACKING_URI"] == "http://mlflow:5000"
     assert env["PREFECT_API_URL"] == "http://prefect-server:4200/api"
     assert env["DDPFLOW_ARTIFACT_ROOT"].startswith("s3://")
-    assert env["AWS_ENDPOINT_URL_S3"] == "http://minio:9000"
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://s3:9000"
     assert json.loads(env["DDPFLOW_RANK_RESOURCES"]) == {"GPU": 1}
 
 
@@ -79,10 +77,10 @@ def test_compose_holds_no_secret_values(compose: dict) -> None:
         leaked = [k for k, v in pairs if SECRET_NAMES.search(k) and not str(v).startswith("${")]
         assert not leaked, f"{name} has literal secrets {leaked}; use env_file"
     users = [n for n, s in compose["services"].items() if s.get("env_file")]
-    assert {"minio", "mlflow", "prefect-worker", "dask-gpu-worker-0"} <= set(users)
+    assert {"s3", "mlflow", "prefect-worker", "dask-gpu-worker-0"} <= set(users)
     example = (INFRA / "docker" / "ddpflow.env.example").read_text()
-    example += (INFRA / "docker" / "minio.env.example").read_text()
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MINIO_ROOT_PASSWORD"):
+    example += (INFRA / "docker" / "s3.env.example").read_text()
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "S3_ADMIN_SECRET_ACCESS_KEY"):
         assert f"{key}=" in example
 
 
@@ -166,7 +164,7 @@ def _published(compose: dict, env: dict[str, str]) -> dict[str, list[str]]:
 
 def test_compose_publishes_on_loopback_unless_told_otherwise(compose: dict) -> None:
     default = _published(compose, {})
-    assert {"minio", "prefect-server", "mlflow", "dask-scheduler", "tls-proxy"} <= set(default)
+    assert {"s3", "prefect-server", "mlflow", "dask-scheduler", "tls-proxy"} <= set(default)
     assert {h for hosts in default.values() for h in hosts} == {"127.0.0.1"}
     # Only TLS leaves the host (test_compose_security.py has the ports).
     chosen = _published(compose, {"DDPFLOW_PUBLISH_ADDRESS": "10.0.0.5"})

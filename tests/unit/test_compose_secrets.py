@@ -30,7 +30,7 @@ def test_the_examples_name_every_credential_and_are_refused_as_they_are() -> Non
     env = _examples()
     assert set(VARIABLES) <= set(env)
     found = problems(env)
-    for name in ("MINIO_ROOT_PASSWORD", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD"):
+    for name in ("S3_ADMIN_SECRET_ACCESS_KEY", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_PASSWORD"):
         assert any(line.startswith(f"{name} is still the example's placeholder") for line in found)
     assert "PREFECT_API_AUTH_STRING is still the example's placeholder" in "\n".join(found)
 
@@ -41,15 +41,15 @@ def test_the_quick_start_writes_fresh_private_files_the_check_accepts(tmp_path: 
         written = compose_secrets.write_env_files(tmp_path)
     finally:
         os.umask(old)
-    assert sorted(p.name for p in written) == ["ddpflow.env", "minio.env"]
+    assert sorted(p.name for p in written) == ["ddpflow.env", "s3.env"]
     for path in written:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    env = {**read_env_file(tmp_path / "ddpflow.env"), **read_env_file(tmp_path / "minio.env")}
+    env = {**read_env_file(tmp_path / "ddpflow.env"), **read_env_file(tmp_path / "s3.env")}
     assert problems(env) == []
-    assert env["AWS_ACCESS_KEY_ID"] != env["MINIO_ROOT_USER"]
+    assert env["AWS_ACCESS_KEY_ID"] != env["S3_ADMIN_ACCESS_KEY_ID"]
     secrets = [env[n] for n, secret in VARIABLES.items() if secret]
     assert len(set(secrets)) == len(secrets), "each placeholder gets its own value"
-    files = ["--env-file", str(tmp_path / "ddpflow.env"), "--env-file", str(tmp_path / "minio.env")]
+    files = ["--env-file", str(tmp_path / "ddpflow.env"), "--env-file", str(tmp_path / "s3.env")]
     assert compose_check.main(files) == 0
 
 
@@ -71,13 +71,13 @@ def test_the_check_refuses_placeholders_naming_the_variable_not_the_value(
     monkeypatch.delenv("DDPFLOW_HTTPS_CERT", raising=False)
     assert compose_check.main([]) == 2
     err = capsys.readouterr().err
-    assert "MINIO_ROOT_PASSWORD is still the example's placeholder" in err
+    assert "S3_ADMIN_SECRET_ACCESS_KEY is still the example's placeholder" in err
     assert "MLFLOW_TRACKING_PASSWORD" not in err  # set properly: not reported
     assert "a-real-secret-nobody-may-see" not in err and "change-me-to-a" not in err
     assert "refusing to start the stack" in err
 
 
-def test_the_check_refuses_short_missing_and_shared_root_keys() -> None:
+def test_the_check_refuses_short_missing_and_shared_admin_keys() -> None:
     env = {n: f"{n.lower()}-{'x' * 16}" for n in VARIABLES}
     env["PREFECT_API_AUTH_STRING"] = "ddpflow:" + "y" * 32
     assert problems(env) == []
@@ -90,8 +90,11 @@ def test_the_check_refuses_short_missing_and_shared_root_keys() -> None:
     assert problems({k: v for k, v in env.items() if k != "AWS_SECRET_ACCESS_KEY"}) == [
         f"AWS_SECRET_ACCESS_KEY is not set; {compose_check.FIX}"
     ]
-    shared = problems(env | {"MINIO_ROOT_USER": "admin", "AWS_ACCESS_KEY_ID": "admin"})
-    assert len(shared) == 1 and shared[0].startswith("AWS_ACCESS_KEY_ID is MINIO_ROOT_USER")
+    shared = problems(env | {"S3_ADMIN_ACCESS_KEY_ID": "admin", "AWS_ACCESS_KEY_ID": "admin"})
+    assert len(shared) == 1 and shared[0].startswith("AWS_ACCESS_KEY_ID is S3_ADMIN_ACCESS_KEY_ID")
+    assert problems(env | {"S3_ADMIN_SECRET_ACCESS_KEY": "short"}) == [
+        f"S3_ADMIN_SECRET_ACCESS_KEY is shorter than 16 characters; {compose_check.FIX}"
+    ]
 
 
 def test_the_check_refuses_an_env_file_others_can_read(tmp_path: Path) -> None:

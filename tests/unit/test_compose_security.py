@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra import compose_secrets
+from infra.compose_check import read_env_file
+from infra.seaweedfs import serve
+from infra.seaweedfs.config import write_config
+
 DOCKER = Path(__file__).resolve().parents[2] / "infra" / "docker"
-PLAIN_HTTP_PORTS = {"4200", "5000", "9000", "9001", "8787"}
-TLS_PORTS = {"4443": "prefect-server:4200", "5443": "mlflow:5000", "9443": "minio:9000"}
+PLAIN_HTTP_PORTS = {"4200", "5000", "9000", "8787"}
+TLS_PORTS = {"4443": "prefect-server:4200", "5443": "mlflow:5000", "9443": "s3:9000"}
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +78,7 @@ def test_mlflow_accepts_the_hosts_its_clients_send(
 def test_every_service_waits_for_the_credentials_check(services: dict) -> None:
     check = services["check-secrets"]
     assert check["command"] == "python -m infra.compose_check"
-    assert set(_env_files(check)) == {"minio.env", "ddpflow.env"}
+    assert set(_env_files(check)) == {"s3.env", "ddpflow.env"}
     assert check["environment"]["DDPFLOW_HTTPS_CERT"] == "/etc/ddpflow-https/cert.pem"
     assert "./https:/etc/ddpflow-https:ro" in check["volumes"]
 
@@ -122,17 +127,67 @@ def test_the_proxy_serves_each_http_service_over_tls(services: dict) -> None:
     assert re.search(r"^\s*listen \d+;", conf, re.M) is None, "no plain-HTTP listener"
 
 
-def test_the_workers_s3_key_is_not_minios_root(services: dict) -> None:
-    holders = {name for name, s in services.items() if "minio.env" in _env_files(s)}
-    assert holders == {"minio", "minio-init", "check-secrets"}
-    example = (DOCKER / "ddpflow.env.example").read_text()
-    assert "MINIO_ROOT" not in re.sub(r"#.*", "", example)
-    assert "MINIO_ROOT_PASSWORD=" in (DOCKER / "minio.env.example").read_text()
-    init = services["minio-init"]["command"][0]
-    assert 'mc admin user add local "$$AWS_ACCESS_KEY_ID" "$$AWS_SECRET_ACCESS_KEY"' in init
-    assert 'mc admin policy attach local ddpflow-bucket --user "$$AWS_ACCESS_KEY_ID"' in init
-    policy = json.loads((DOCKER / "minio-ddpflow-policy.json").read_text())
-    resources = {r for statement in policy["Statement"] for r in statement["Resource"]}
-    assert resources == {"arn:aws:s3:::ddpflow", "arn:aws:s3:::ddpflow/*"}
-    actions = {a for statement in policy["Statement"] for a in statement["Action"]}
-    assert not any(a.startswith("admin:") or a == "s3:*" for a in actions)
+def test_the_workers_s3_key_is_not_the_s3_administrators(services: dict) -> None:
+    holders = {name for name, s in services.items() if "s3.env" in _env_files(s)}
+    assert holders == {"s3", "check-secrets"}
+    example = re.sub(r"#.*", "", (DOCKER / "ddpflow.env.example").read_text())
+    assert "S3_ADMIN" not in example
+    assert "S3_ADMIN_SECRET_ACCESS_KEY=" in (DOCKER / "s3.env.example").read_text()
+    command = services["s3"]["command"]
+    assert command.startswith("python -m infra.seaweedfs.serve ") and "--bucket ddpflow" in command
+
+
+def test_the_s3_service_gives_the_workers_the_bucket_alone(tmp_path: Path) -> None:
+    """The identities serve writes from the quick start's env files: the administrator's key
+    is s3.env's, the workers' key ddpflow.env's, limited to the bucket ddpflow."""
+    compose_secrets.write_env_files(tmp_path)
+    env = {**read_env_file(tmp_path / "ddpflow.env"), **read_env_file(tmp_path / "s3.env")}
+    config = write_config(tmp_path / "weed", serve.identities_from_env(env, "ddpflow"))
+    written = json.loads(config.identities.read_text())["identities"]
+    by_key = {i["credentials"][0]["accessKey"]: i for i in written}
+    assert set(by_key) == {env["S3_ADMIN_ACCESS_KEY_ID"], env["AWS_ACCESS_KEY_ID"]}
+    worker = by_key[env["AWS_ACCESS_KEY_ID"]]
+    assert worker["credentials"][0]["secretKey"] == env["AWS_SECRET_ACCESS_KEY"]
+    assert worker["actions"] == ["Read:ddpflow", "Write:ddpflow", "List:ddpflow", "Tagging:ddpflow"]
+    admin = by_key[env["S3_ADMIN_ACCESS_KEY_ID"]]
+    assert admin["credentials"][0]["secretKey"] == env["S3_ADMIN_SECRET_ACCESS_KEY"]
+    assert "Admin" in admin["actions"]
+
+
+def test_serve_refuses_a_missing_or_shared_key_naming_the_variable() -> None:
+    env = {
+        "S3_ADMIN_ACCESS_KEY_ID": "admin-id",
+        "S3_ADMIN_SECRET_ACCESS_KEY": "admin-secret-value-1234",
+        "AWS_ACCESS_KEY_ID": "worker-id",
+        "AWS_SECRET_ACCESS_KEY": "worker-secret-value-1234",
+    }
+    with pytest.raises(serve.ConfigError) as missing:
+        serve.identities_from_env({**env, "S3_ADMIN_SECRET_ACCESS_KEY": " "}, "ddpflow")
+    assert "S3_ADMIN_SECRET_ACCESS_KEY not set" in str(missing.value)
+    with pytest.raises(serve.ConfigError) as shared:
+        serve.identities_from_env({**env, "AWS_ACCESS_KEY_ID": "admin-id"}, "ddpflow")
+    assert str(shared.value).startswith("AWS_ACCESS_KEY_ID is S3_ADMIN_ACCESS_KEY_ID")
+    for error in (missing.value, shared.value):
+        assert not any(value in str(error) for value in env.values())
+    # weed gets a program's environment, none of the container's credentials.
+    weed_env = serve.weed_env({**env, "PATH": "/usr/bin", "PREFECT_API_AUTH_STRING": "u:p"})
+    assert weed_env == {"PATH": "/usr/bin"}
+
+
+def test_every_s3_client_of_the_recipe_uses_the_s3_service(services: dict) -> None:
+    endpoints = {
+        name: service["environment"]["AWS_ENDPOINT_URL_S3"]
+        for name, service in services.items()
+        if isinstance(service.get("environment"), dict)
+        and "AWS_ENDPOINT_URL_S3" in service["environment"]
+    }
+    assert {"mlflow", "prefect-worker", "dask-cpu-worker", "dask-gpu-worker-0"} <= set(endpoints)
+    assert set(endpoints.values()) == {"http://s3:9000"}
+    assert services["s3"]["ports"] == ["127.0.0.1:9000:9000"]
+    assert services["mlflow"]["depends_on"]["s3"] == {"condition": "service_healthy"}
+    # Healthy only once serve has made the bucket (it writes `ready` after that).
+    config = re.search(r"--config (\S+)", services["s3"]["command"]).group(1)
+    ready = f"{config}/{serve.READY}"
+    assert services["s3"]["healthcheck"]["test"] == ["CMD", "test", "-f", ready]
+    # ...and not by a `ready` left from the container's last start: a tmpfs, new each start.
+    assert any(config.startswith(f"{mount}/") for mount in services["s3"]["tmpfs"]), config
