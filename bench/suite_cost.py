@@ -83,6 +83,8 @@ def reference_cpu_s() -> float:
 # from their forkserver by their parent (kind_of).
 KINDS = [
     ("multiprocessing.forkserver", "forkserver"),
+    # Before "pytest": its data folder is under pytest-of-<user>.
+    ("bin/weed ", "S3 endpoint (SeaweedFS)"),
     ("prefect.server", "Prefect server"),
     ("prefect server start", "Prefect server"),
     ("-m prefect", "Prefect command line"),

@@ -70,6 +70,7 @@ def check_artifact_store(root: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Non
     payload = b"ddpflow pre-flight probe"
 
     def roundtrip() -> None:
+        _require_bucket(root)
         storage.write_bytes(probe, payload)
         try:
             if storage.read_bytes(probe, len(payload) + 1) != payload:
@@ -222,6 +223,18 @@ def _bounded(fn: Callable[[], T], timeout_s: float) -> T:
         raise TimeoutError(f"no answer within {timeout_s:g}s") from None
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _require_bucket(root: str) -> None:
+    """FileNotFoundError unless the root's bucket exists: some S3 servers (SeaweedFS) make a
+    missing bucket on an administrator's first write, so a mistyped name would pass the
+    probe and leave a new bucket behind."""
+    if not root.startswith(("s3://", "s3a://")):
+        return
+    fs, path = storage.url_to_fs(root)
+    bucket = path.split("/", 1)[0]
+    fs.invalidate_cache(bucket)
+    fs.info(bucket)  # HeadBucket: FileNotFoundError when missing, PermissionError when not ours
 
 
 def _artifact_store_message(root: str, error: BaseException) -> str:

@@ -28,7 +28,7 @@ from ddpflow.integrations.prefect import db_template as prefect_db_template
 from ddpflow.tracking.store import template as mlflow_store_template
 from tests.integration.charlm_runs import SMALL_SOURCE, TINY, final_weights
 from tests.integration.prefect_harness import api_of_this_process, prefect_server
-from tests.integration.s3_servers import moto_server
+from tests.integration.s3_servers import seaweedfs_server
 from tests.integration.session_folder import session_folder
 from tests.integration.slurm_cluster import Slurm, slurm_cluster
 
@@ -267,10 +267,13 @@ def finish_in_process(
 
 
 @pytest.fixture(scope="module")
-def moto(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[str]:
-    """A moto S3 server for the module, with the bucket its BUCKET constant names."""
+def s3_endpoint(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[str]:
+    """A SeaweedFS S3 server for the module (its URL), with the bucket its BUCKET constant
+    names; the tests' keys (s3_env) are its administrator's. One per module rather than one
+    per test process: an idle server costs more CPU over a run than the starts it would
+    save (docs/testing.md "S3 in the tests")."""
     buckets = (request.module.BUCKET,) if hasattr(request.module, "BUCKET") else ()
-    with moto_server(tmp_path_factory.mktemp("moto"), buckets=buckets) as endpoint:
+    with seaweedfs_server(tmp_path_factory.mktemp("seaweedfs"), buckets) as endpoint:
         yield endpoint
 
 

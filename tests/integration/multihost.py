@@ -2,8 +2,9 @@
 (infra.netns_cluster).
 
 `head` runs the Dask scheduler, `a` and `b` one Dask worker each under a restart loop; the
-Prefect server, the MLflow server and moto listen on the bridge address. The S3 keys are the
-tests' distinctive ones, so a leak would be found.
+Prefect server, the MLflow server and moto listen on the bridge address (moto, not the
+SeaweedFS of the other S3 tests: infra/seaweedfs/server.py binds 127.0.0.1 only). The S3
+keys are the tests' distinctive ones, so a leak would be found.
 """
 
 from __future__ import annotations

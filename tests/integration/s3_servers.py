@@ -1,7 +1,7 @@
-"""Fixtures' helpers: a SeaweedFS S3 server and an MLflow server, real processes on 127.0.0.1.
+"""Fixtures' helpers: S3 servers and an MLflow server, real processes on 127.0.0.1.
 
-The tests' S3 is SeaweedFS (docs/testing.md "S3 in the tests"); the multi-host cluster
-(infra.netns_cluster) starts an S3 endpoint of its own on its bridge address."""
+The tests' S3 is SeaweedFS; moto is left to the multi-host cluster (infra.netns_cluster) and
+benchmarks (docs/testing.md "S3 in the tests")."""
 
 from __future__ import annotations
 

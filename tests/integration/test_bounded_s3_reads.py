@@ -1,4 +1,4 @@
-"""Bounded reads against a real S3 API (a moto server over HTTP, s3fs as in production).
+"""Bounded reads against a real S3 API (a SeaweedFS server over HTTP, s3fs as in production).
 
 The unit tests use fsspec's in-memory store; this checks what only a real S3 client shows:
 ranged reads (an object rewritten larger since the listing is cut off at the cap plus one
@@ -18,13 +18,13 @@ from tests.integration.s3_servers import s3_client, use_s3
 from tests.pngs import png
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-BUCKET = "ddpflow-bounded"  # the conftest's `moto` fixture creates it
+BUCKET = "ddpflow-bounded"  # the conftest's `s3_endpoint` fixture creates it
 MiB = 2**20
 
 
-def test_image_reads_on_s3_are_ranged_and_empty_objects_are_bad(moto, monkeypatch, tmp_path):
-    use_s3(monkeypatch, moto)
-    s3 = s3_client(moto)
+def test_image_reads_on_s3_are_ranged_and_empty_objects_are_bad(s3_endpoint, monkeypatch, tmp_path):
+    use_s3(monkeypatch, s3_endpoint)
+    s3 = s3_client(s3_endpoint)
     for c in (1, 2):
         for i in range(3):
             s3.put_object(Bucket=BUCKET, Key=f"imgs/{c}/{i}.png", Body=png(10 * i + c))
@@ -43,8 +43,8 @@ def test_image_reads_on_s3_are_ranged_and_empty_objects_are_bad(moto, monkeypatc
     assert f"{MiB + 1} bytes, over the per-image cap of 1 MiB" in out["2/big.png"].reason
 
 
-def test_a_single_read_on_s3_is_capped_and_takes_files_only(moto, monkeypatch):
-    use_s3(monkeypatch, moto)
+def test_a_single_read_on_s3_is_capped_and_takes_files_only(s3_endpoint, monkeypatch):
+    use_s3(monkeypatch, s3_endpoint)
     uri = f"s3://{BUCKET}/ckpt/epoch-0001.pt"
     storage.write_bytes(uri, b"x" * 5000)
     with pytest.raises(TooLarge, match=f"{uri} is larger than .* \\(5000 bytes or more\\)"):

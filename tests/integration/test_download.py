@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import logging
 import threading
 import traceback
@@ -19,7 +20,20 @@ from tests.integration.s3_servers import s3_client, without_aws_credentials
 pytestmark = pytest.mark.integration
 BODY = DEFAULT_CORPUS_PATH.read_bytes()
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"  # distinctive, so a leak cannot be a coincidence
-BUCKET = "ddpflow-public"  # the conftest's `moto` fixture creates it
+BUCKET = "ddpflow-public"  # the conftest's `s3_endpoint` fixture creates it
+# What makes an object public on S3 today (AWS turns object ACLs off in new buckets, and
+# SeaweedFS 4.48 ignores a public-read ACL for anonymous reads): a bucket policy.
+PUBLIC_PETS = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {
+            "Effect": "Allow",
+            "Principal": "*",
+            "Action": "s3:GetObject",
+            "Resource": f"arn:aws:s3:::{BUCKET}/pets/*",
+        }
+    ],
+}
 
 
 class FlakyServer(ThreadingHTTPServer):
@@ -146,13 +160,17 @@ def test_http_credentials_come_from_netrc(server, tmp_path, monkeypatch):
 
 
 # docs/configuration.md: a public s3:// source is read anonymously when no key is set.
-def test_public_s3_source_is_read_anonymously_without_any_credential(moto, tmp_path, monkeypatch):
-    """A public-read object on moto, which refuses anonymous reads of private objects: the
-    read goes out unsigned (no NoCredentialsError) and is allowed because it is public."""
-    s3 = s3_client(moto)
-    s3.put_object(Bucket=BUCKET, Key="pets/names.json", Body=BODY, ACL="public-read")
+def test_public_s3_source_is_read_anonymously_without_any_credential(
+    s3_endpoint, tmp_path, monkeypatch
+):
+    """A public object on SeaweedFS (its bucket's policy lets anyone read pets/*), which
+    refuses anonymous reads of the others: the read goes out unsigned (no
+    NoCredentialsError) and is allowed because the object is public."""
+    s3 = s3_client(s3_endpoint)
+    s3.put_bucket_policy(Bucket=BUCKET, Policy=json.dumps(PUBLIC_PETS))
+    s3.put_object(Bucket=BUCKET, Key="pets/names.json", Body=BODY)
     s3.put_object(Bucket=BUCKET, Key="private/names.json", Body=BODY)
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     with without_aws_credentials(monkeypatch):
         copy = fetch_corpus(f"s3://{BUCKET}/pets/names.json", str(tmp_path))

@@ -1,4 +1,4 @@
-"""The image flow end to end on a moto S3 server over HTTP: digits, 2 ranks, ResNet-18.
+"""The image flow end to end on a SeaweedFS S3 server over HTTP: digits, 2 ranks, ResNet-18.
 
 One training run (2 epochs at 32 px, under a minute of CPU training on 2 cores), a sharded
 one, and two runs that must fail before training: too many unreadable files, and a single
@@ -41,7 +41,7 @@ from tests.integration.s3_servers import (
 
 pytestmark = pytest.mark.integration
 
-BUCKET = "ddpflow-images"  # the conftest's `moto` fixture creates it
+BUCKET = "ddpflow-images"  # the conftest's `s3_endpoint` fixture creates it
 EPOCHS = 2
 # Measured on 2 CPU cores: 0.91 after 2 epochs, 0.936-0.939 after 3 (chance is 0.10).
 MIN_VAL_ACCURACY = 0.8
@@ -63,19 +63,21 @@ CORRUPT_KEY = "artifacts/data/digits/3/corrupt.png"
 
 
 @pytest.fixture(scope="module")
-def digits(moto) -> str:
+def digits(s3_endpoint) -> str:
     """The digits folder where the flow's default source looks, plus one corrupt PNG."""
     root = f"s3://{BUCKET}/artifacts/data/digits"
     with pytest.MonkeyPatch.context() as patch:
-        use_s3(patch, moto)
+        use_s3(patch, s3_endpoint)
         write_digits(root)
-    s3_client(moto).put_object(Bucket=BUCKET, Key=CORRUPT_KEY, Body=b"\x89PNG\r\n not really")
+    s3_client(s3_endpoint).put_object(
+        Bucket=BUCKET, Key=CORRUPT_KEY, Body=b"\x89PNG\r\n not really"
+    )
     return root
 
 
 @pytest.fixture(scope="module")
-def flow_services_env(moto) -> dict[str, str]:
-    return s3_env(moto)
+def flow_services_env(s3_endpoint) -> dict[str, str]:
+    return s3_env(s3_endpoint)
 
 
 def _env(prefix: str) -> dict[str, str]:
@@ -103,7 +105,7 @@ def train(project, flow_services, monkeypatch, prefix: str, **params: object) ->
 
 
 @pytest.fixture(scope="module")
-def trained(moto, digits, flow_services, tmp_path_factory) -> dict:
+def trained(s3_endpoint, digits, flow_services, tmp_path_factory) -> dict:
     project = tmp_path_factory.mktemp("images")
     with pytest.MonkeyPatch.context() as patch:
         logs, _ = train(project, flow_services, patch, "artifacts")
@@ -114,7 +116,7 @@ def trained(moto, digits, flow_services, tmp_path_factory) -> dict:
         "output": logs,  # the flow prints its summary into its log
         "client": client,
         "run": runs[0],
-        "keys": list_keys(moto, BUCKET),
+        "keys": list_keys(s3_endpoint, BUCKET),
     }
 
 
@@ -148,13 +150,13 @@ def test_per_step_metrics_and_lr_scaled_by_world_size(trained):
     assert (resolved["precision"], resolved["channels_last"]) == ("fp32", False)
 
 
-def test_confusion_matrix_sums_to_the_validation_set_size(trained, moto):
+def test_confusion_matrix_sums_to_the_validation_set_size(trained, s3_endpoint):
     from sklearn.datasets import load_digits
 
     expected = sum(num_held_out(n, 0.2) for n in Counter(load_digits().target).values())
     run_id = trained["run"].info.run_id
     prefix = f"artifacts/runs/{run_id}/reports"
-    body = s3_client(moto).get_object(Bucket=BUCKET, Key=f"{prefix}/confusion_matrix.csv")
+    body = s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=f"{prefix}/confusion_matrix.csv")
     classes, confusion = read_confusion_csv(body["Body"].read().decode())
     assert classes == [str(d) for d in range(10)]
     assert sum(map(sum, confusion)) == expected == int(trained["run"].data.params["num_val"])
@@ -178,7 +180,7 @@ def test_credentials_appear_in_no_output_param_or_tag(trained):
     assert SECRET_KEY not in recorded and ACCESS_KEY not in recorded
 
 
-def test_inputs_system_metrics_and_version_tags_are_recorded(trained, moto):
+def test_inputs_system_metrics_and_version_tags_are_recorded(trained, s3_endpoint):
     """The image workload records what tests/integration/test_inspection.py checks for charlm:
     its S3 inputs with content digests, a system-metric series per rank, a described version."""
     run = trained["run"]
@@ -191,7 +193,7 @@ def test_inputs_system_metrics_and_version_tags_are_recorded(trained, moto):
         uri = json.loads(dataset.source)["uri"]
         assert dataset.source_type == "s3" and uri.startswith(f"s3://{BUCKET}/artifacts/"), uri
         key = uri.removeprefix(f"s3://{BUCKET}/")
-        content = s3_client(moto).get_object(Bucket=BUCKET, Key=key)["Body"].read()
+        content = s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=key)["Body"].read()
         assert dataset.digest == hashlib.sha256(content).hexdigest()[:32]
         assert SECRET_KEY not in dataset.source and ACCESS_KEY not in dataset.source
     assert "system/rank0/cpu_utilization_percentage" in run.data.metrics
@@ -206,12 +208,12 @@ def test_inputs_system_metrics_and_version_tags_are_recorded(trained, moto):
     assert version.tags["ddpflow.checkpoint_uri"] == run.data.tags["ddpflow.latest_checkpoint"]
 
 
-def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained, moto):
+def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained, s3_endpoint):
     run_id = trained["run"].info.run_id
     prefix = f"artifacts/runs/{run_id}/checkpoints"
     names = sorted(k.rsplit("/", 1)[1] for k in trained["keys"] if k.startswith(prefix))
     assert names == [f"epoch-{EPOCHS - 1:04d}.pt", f"epoch-{EPOCHS:04d}.pt", "latest.json"]
-    body = s3_client(moto).get_object(Bucket=BUCKET, Key=f"{prefix}/epoch-{EPOCHS:04d}.pt")
+    body = s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=f"{prefix}/epoch-{EPOCHS:04d}.pt")
     state = torch.load(io.BytesIO(body["Body"].read()), weights_only=True)
     assert state["model_config"]["arch"] == "resnet18" and "scheduler_state" in state
     mlflow.set_tracking_uri(trained["client"].tracking_uri)
@@ -221,11 +223,11 @@ def test_checkpoints_in_s3_and_the_registered_model_serves_uint8_images(trained,
 
 
 def test_too_many_bad_files_fail_clearly_before_training(
-    moto, flow_services, monkeypatch, tmp_path
+    s3_endpoint, flow_services, monkeypatch, tmp_path
 ):
     # 20 digits of 2 classes and one corrupt file: the check reads every file, so a small
     # folder keeps the test to the flow's start-up.
-    client = s3_client(moto)
+    client = s3_client(s3_endpoint)
     pngs = digits_pngs()
     for label in ("0", "1"):
         for key in sorted(k for k in pngs if k.startswith(f"{label}/"))[:10]:
@@ -240,20 +242,20 @@ def test_too_many_bad_files_fail_clearly_before_training(
     message = str(failed.value)
     assert "1 of 21 image files" in message and "max_bad_fraction=0" in message, message[-3000:]
     assert f"s3://{BUCKET}/{corrupt}" in message
-    assert list_keys(moto, BUCKET, "strict/runs/") == []
+    assert list_keys(s3_endpoint, BUCKET, "strict/runs/") == []
 
 
 def test_single_class_folder_fails_before_training_and_writes_no_run(
-    moto, flow_services, monkeypatch, tmp_path
+    s3_endpoint, flow_services, monkeypatch, tmp_path
 ):
-    client = s3_client(moto)
+    client = s3_client(s3_endpoint)
     for i in range(3):
         client.put_object(Bucket=BUCKET, Key=f"one-class/7/{i}.png", Body=b"unread")
     source = f"s3://{BUCKET}/one-class"
     with pytest.raises(DatasetError) as failed:
         train(tmp_path, flow_services, monkeypatch, "single", source=source)
     assert f"{source} has only one class folder ('7')" in str(failed.value), failed.value
-    assert list_keys(moto, BUCKET, "single/") == []
+    assert list_keys(s3_endpoint, BUCKET, "single/") == []
     tracking = project_tracking(tmp_path)
     experiment = tracking.get_experiment_by_name("ddpflow-images")
     assert experiment is None or not tracking.search_runs([experiment.experiment_id])
@@ -262,11 +264,11 @@ def test_single_class_folder_fails_before_training_and_writes_no_run(
 # docs/data.md: with --data-layout shards the folder is formatted by one task per chunk on
 # the cluster's workers into shards in the S3 store, and every rank streams its part.
 def test_a_sharded_run_formats_on_the_workers_and_streams_from_s3(
-    moto, digits, flow_services, monkeypatch, tmp_path
+    s3_endpoint, digits, flow_services, monkeypatch, tmp_path
 ):
     sharded = {"data_layout": "shards", "shard_mb": 0.5, "augment": "true", "source": digits}
     output, flow_run_id = train(tmp_path, flow_services, monkeypatch, "sharded", **sharded)
-    keys = list_keys(moto, BUCKET, "sharded/data/image-shards/")
+    keys = list_keys(s3_endpoint, BUCKET, "sharded/data/image-shards/")
     shards = [k for k in keys if k.endswith(".shard")]
     # A list, not a set: Prefect names a task run by 3 hex digits, which can repeat.
     runs = completed_task_runs(flow_run_id)
@@ -285,7 +287,9 @@ def test_a_sharded_run_formats_on_the_workers_and_streams_from_s3(
     losses = [m.value for m in sorted(history, key=lambda m: m.step)]
     assert len(losses) == 2 and losses[1] < losses[0], losses
     assert int(run.data.params["num_val"]) == len(
-        json.loads(s3_client(moto).get_object(Bucket=BUCKET, Key=_val_keys(keys))["Body"].read())
+        json.loads(
+            s3_client(s3_endpoint).get_object(Bucket=BUCKET, Key=_val_keys(keys))["Body"].read()
+        )
     )
 
 

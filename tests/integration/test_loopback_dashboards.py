@@ -24,7 +24,7 @@ def listening() -> set[tuple[str, int]]:
 @pytest.mark.timeout(120)
 def test_local_kind_binds_nothing_beyond_loopback() -> None:
     # Only the cluster's sockets count: a server an earlier test in this process started
-    # (Prefect's embedded API, a moto endpoint) is not the cluster's doing.
+    # (Prefect's embedded API, an S3 server) is not the cluster's doing.
     before = listening()
     with build_cluster("local", {"n_workers": 1}) as cluster:
         assert cluster.scheduler.http_server is not None, "the HTTP server (dashboard) runs"

@@ -1,4 +1,4 @@
-"""Service outages mid-training, for real: the S3 store (a moto server) paused for a minute
+"""Service outages mid-training, for real: the S3 store (a SeaweedFS server) paused for a minute
 while a checkpoint is written, and the Prefect server stopped and restarted while a flow runs
 against it. Both runs must complete. One tiny training per outage, shared by its tests.
 
@@ -27,14 +27,7 @@ from prefect.settings import PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
-from infra.services import (
-    Service,
-    create_bucket,
-    free_port,
-    start_moto,
-    start_prefect_server,
-    stop,
-)
+from infra.services import Service, free_port, start_prefect_server, stop
 from tests.integration import prefect_api
 from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
 from tests.integration.conftest import (
@@ -49,6 +42,7 @@ from tests.integration.s3_servers import (
     list_keys,
     mlflow_server,
     s3_env,
+    start_test_seaweedfs,
 )
 from tests.integration.worker_logs import cluster_keeping_logs, worker_log
 
@@ -94,11 +88,12 @@ def wait_for_first_metric(
 
 
 @pytest.fixture(scope="module")
-def moto_service(tmp_path_factory) -> Iterator[Service]:
-    """A moto S3 server with BUCKET, as a process this module can pause."""
-    service = start_moto(free_port(), tmp_path_factory.mktemp("moto"))
+def s3_service(tmp_path_factory) -> Iterator[Service]:
+    """A SeaweedFS S3 server with BUCKET, as a process this module can pause: `weed server`
+    is one process (master, volume server, filer and gateway run inside it), so a SIGSTOP
+    of it silences every port at once."""
+    service = start_test_seaweedfs(tmp_path_factory.mktemp("seaweedfs"), (BUCKET,))
     try:
-        create_bucket(service.url, BUCKET)
         yield service
     finally:
         os.kill(service.pid, signal.SIGCONT)  # a stopped process would not stop
@@ -106,17 +101,17 @@ def moto_service(tmp_path_factory) -> Iterator[Service]:
 
 
 @pytest.fixture(scope="module")
-def s3_outage(moto_service, prefect_api_url, tmp_path_factory) -> Iterator[dict]:
+def s3_outage(s3_service, prefect_api_url, tmp_path_factory) -> Iterator[dict]:
     """Checkpoints and MLflow's artifacts on S3; the S3 server is paused (SIGSTOP, which keeps
     its data and its listening socket: connections are accepted, nothing answers) from the
     first training step, before epoch 1's checkpoint, for S3_OUTAGE_S, then resumed."""
-    logs, moto = tmp_path_factory.mktemp("outage-mlflow"), moto_service.url
+    logs, endpoint = tmp_path_factory.mktemp("outage-mlflow"), s3_service.url
     with (
         pytest.MonkeyPatch.context() as monkeypatch,
-        mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server,
+        mlflow_server(logs, endpoint, f"s3://{BUCKET}/mlflow") as server,
     ):
         env = {
-            **s3_env(moto),
+            **s3_env(endpoint),
             "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
             "MLFLOW_TRACKING_URI": server.url,
         }
@@ -126,18 +121,18 @@ def s3_outage(moto_service, prefect_api_url, tmp_path_factory) -> Iterator[dict]
             client = MlflowClient(server.url)
             try:
                 run_id = wait_for_first_metric(client, flow_run)
-                os.kill(moto_service.pid, signal.SIGSTOP)
+                os.kill(s3_service.pid, signal.SIGSTOP)
                 paused_at = time.monotonic()
                 time.sleep(S3_OUTAGE_S)
             finally:
-                os.kill(moto_service.pid, signal.SIGCONT)
+                os.kill(s3_service.pid, signal.SIGCONT)
             state, flow_log = finish_in_process(flow_run, "/3 done")
             output = f"{state}\n{flow_log}\n{worker_log(workers)}"
             result = {
                 "completed": state.is_completed(),
                 "output": output,
                 "run_id": run_id,
-                "keys": list_keys(moto, BUCKET),
+                "keys": list_keys(endpoint, BUCKET),
                 "checkpoints_in_mlflow": [
                     a.path for a in client.list_artifacts(run_id, "checkpoints")
                 ],

@@ -1,4 +1,4 @@
-"""S3 for real: a moto server over HTTP and an MLflow server whose artifacts go to S3.
+"""S3 for real: a SeaweedFS server over HTTP and an MLflow server whose artifacts go to S3.
 
 The flow runs in the test's process on the module's flow_services (a Prefect API and two
 Dask worker processes that have the S3 endpoint and keys in their environment, as a user's
@@ -32,29 +32,29 @@ from tests.integration.s3_servers import (
     SECRET_KEY,
     list_keys,
     mlflow_server,
-    moto_server,
     s3_client,
     s3_env,
     use_s3,
+    with_aws_keys,
     without_aws_credentials,
 )
 
 pytestmark = pytest.mark.integration
-BUCKET = "ddpflow-it"  # the conftest's `moto` fixture creates it
+BUCKET = "ddpflow-it"  # the conftest's `s3_endpoint` fixture creates it
 TINY_PARAMS = tiny_charlm_params(2, keep_last=2)
 
 
 @pytest.fixture(scope="module")
-def flow_services_env(moto) -> dict[str, str]:
-    return s3_env(moto)
+def flow_services_env(s3_endpoint) -> dict[str, str]:
+    return s3_env(s3_endpoint)
 
 
 @pytest.fixture(scope="module")
-def s3_run(moto, flow_services, tmp_path_factory) -> dict:
+def s3_run(s3_endpoint, flow_services, tmp_path_factory) -> dict:
     """One flow run: artifact root on S3, MLflow server with an S3 artifact destination."""
     logs = tmp_path_factory.mktemp("mlflow-server")
     with (
-        mlflow_server(logs, moto, f"s3://{BUCKET}/mlflow") as server,
+        mlflow_server(logs, s3_endpoint, f"s3://{BUCKET}/mlflow") as server,
         pytest.MonkeyPatch.context() as patch,
     ):
         project = tmp_path_factory.mktemp("s3-project")
@@ -81,7 +81,7 @@ def s3_run(moto, flow_services, tmp_path_factory) -> dict:
             "val_loss": history,
             "flow_run": json.dumps(records["flow_runs"][0]),
             "prefect_records": json.dumps(records),
-            "keys": list_keys(moto, BUCKET),
+            "keys": list_keys(s3_endpoint, BUCKET),
         }
 
 
@@ -96,8 +96,8 @@ def test_data_checkpoints_and_reports_are_objects_in_the_bucket(s3_run):
     assert not [k for k in keys if ".ddpflow-preflight" in k], "the probe was cleaned up"
 
 
-def test_checkpoint_loads_from_s3_with_weights_only(s3_run, moto, monkeypatch):
-    use_s3(monkeypatch, moto)
+def test_checkpoint_loads_from_s3_with_weights_only(s3_run, s3_endpoint, monkeypatch):
+    use_s3(monkeypatch, s3_endpoint)
     fs = s3fs.S3FileSystem(skip_instance_cache=True)
     path = f"{BUCKET}/artifacts/runs/{s3_run['run'].info.run_id}/checkpoints/epoch-0002.pt"
     with fs.open(path, "rb") as f:
@@ -115,7 +115,7 @@ def test_mlflow_server_keeps_model_and_checkpoints_in_s3(s3_run):
 
 # docs/security.md "Where credentials never appear": no key reaches a log, a Prefect record,
 # MLflow or an object.
-def test_credentials_appear_nowhere(s3_run, moto):
+def test_credentials_appear_nowhere(s3_run, s3_endpoint):
     # The records were read: the flow run with its parameters, and its artifacts.
     assert '"hidden_size": 16' in s3_run["flow_run"], s3_run["flow_run"][-3000:]
     assert "charlm-evaluation" in s3_run["prefect_records"], "the artifacts were read"
@@ -126,7 +126,7 @@ def test_credentials_appear_nowhere(s3_run, moto):
         assert secret not in recorded, "MLflow params/tags"
         assert secret not in s3_run["flow_run"], "Prefect flow run and its parameters"
         assert secret not in s3_run["prefect_records"], "Prefect runs, states, logs, artifacts"
-    s3 = s3_client(moto)
+    s3 = s3_client(s3_endpoint)
     assert s3_run["keys"], "the bucket holds the run's objects"
     for key in s3_run["keys"]:  # every object: data, checkpoints, reports, MLflow's
         body = s3.get_object(Bucket=BUCKET, Key=key)["Body"].read()
@@ -140,38 +140,52 @@ def _assert_fast_failure(check, match: str) -> None:
     assert time.monotonic() - started < 20
 
 
-def test_missing_bucket_fails_preflight_and_writes_nothing(moto, monkeypatch):
-    use_s3(monkeypatch, moto)
-    before = list_keys(moto, BUCKET)
+def test_missing_bucket_fails_preflight_and_writes_nothing(s3_endpoint, monkeypatch):
+    """SeaweedFS 4.48 creates a missing bucket on its administrator's first write (AWS and
+    moto answer NoSuchBucket): pre-flight asks for the bucket first (HeadBucket), so a
+    mistyped name fails naming it and no bucket is made."""
+    use_s3(monkeypatch, s3_endpoint)
+    before = list_keys(s3_endpoint, BUCKET)
     _assert_fast_failure(
         lambda: check_artifact_store("s3://no-such-bucket-xyz/run"),
         "Bucket 'no-such-bucket-xyz' does not exist",
     )
-    assert list_keys(moto, BUCKET) == before
+    assert list_keys(s3_endpoint, BUCKET) == before
+    buckets = [b["Name"] for b in s3_client(s3_endpoint).list_buckets()["Buckets"]]
+    assert "no-such-bucket-xyz" not in buckets
 
 
-def test_wrong_credentials_fail_preflight_with_an_access_message(tmp_path, monkeypatch):
-    """A second moto server with authentication on: unknown keys are refused (403)."""
-    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "0")
-    with moto_server(tmp_path) as endpoint:
-        use_s3(monkeypatch, endpoint)
+@pytest.mark.parametrize(
+    ("access_key_id", "secret_access_key"),
+    [("AKIADDPFLOWUNKNOWN42", SECRET_KEY), (ACCESS_KEY, "not-the-secret-of-this-key")],
+    ids=["unknown-key", "wrong-secret"],
+)
+def test_wrong_credentials_fail_preflight_with_an_access_message(
+    s3_endpoint, monkeypatch, access_key_id, secret_access_key
+):
+    """The server refuses a key it does not know and a known key signed with another secret
+    (403: InvalidAccessKeyId, SignatureDoesNotMatch); nothing is written."""
+    use_s3(monkeypatch, s3_endpoint)
+    before = list_keys(s3_endpoint, BUCKET)
+    with with_aws_keys(monkeypatch, access_key_id, secret_access_key):
         _assert_fast_failure(
             lambda: check_artifact_store(f"s3://{BUCKET}/run"),
             "Access denied: check AWS_ACCESS_KEY_ID",
         )
+    assert list_keys(s3_endpoint, BUCKET) == before
 
 
 # docs/s3-and-servers.md "Pre-flight": names a missing credential and its fix, writing nothing.
-def test_no_aws_credentials_fail_preflight_naming_the_variables(moto, monkeypatch):
-    use_s3(monkeypatch, moto)
-    before = list_keys(moto, BUCKET)
+def test_no_aws_credentials_fail_preflight_naming_the_variables(s3_endpoint, monkeypatch):
+    use_s3(monkeypatch, s3_endpoint)
+    before = list_keys(s3_endpoint, BUCKET)
     with without_aws_credentials(monkeypatch):
         _assert_fast_failure(
             lambda: check_artifact_store(f"s3://{BUCKET}/no-keys"),
             r"artifact store s3://ddpflow-it/no-keys: .*NoCredentialsError.* No AWS "
             "credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
         )
-    assert list_keys(moto, BUCKET) == before
+    assert list_keys(s3_endpoint, BUCKET) == before
 
 
 # docs/s3-and-servers.md "Pre-flight": names an unreachable S3 endpoint and its setting.
@@ -191,7 +205,7 @@ def test_unreachable_mlflow_fails_in_seconds_naming_the_setting():
 
 
 def test_flow_stops_on_unreachable_mlflow_before_writing(
-    moto, flow_services, tmp_path, monkeypatch
+    s3_endpoint, flow_services, tmp_path, monkeypatch
 ):
     uri = f"http://127.0.0.1:{free_port()}"
     env = {"DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/unreachable", "MLFLOW_TRACKING_URI": uri}
@@ -203,16 +217,16 @@ def test_flow_stops_on_unreachable_mlflow_before_writing(
     assert state.is_failed(), state
     assert f"MLflow tracking server {uri} is not usable" in state.message, state.message
     assert time.monotonic() - started < 60
-    assert list_keys(moto, BUCKET, "unreachable/") == []
+    assert list_keys(s3_endpoint, BUCKET, "unreachable/") == []
     assert completed_task_runs(state.state_details.flow_run_id) == [], "before any task"
 
 
-def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypatch):
+def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(s3_endpoint, monkeypatch):
     from ddpflow.checkpoint.store import CheckpointStore, build_state
     from ddpflow.workloads.charlm.config import CharLSTMConfig
     from ddpflow.workloads.charlm.model import CharLSTM
 
-    use_s3(monkeypatch, moto)
+    use_s3(monkeypatch, s3_endpoint)
     model = CharLSTM(CharLSTMConfig(hidden_size=8, num_layers=1))
     optimizer = torch.optim.Adam(model.parameters())
     store = CheckpointStore(f"s3://{BUCKET}/interrupted-{time.time_ns()}", keep_last=3)
@@ -235,4 +249,4 @@ def test_interrupted_checkpoint_upload_keeps_pointer_on_previous(moto, monkeypat
     assert store.latest_uri().endswith("epoch-0002.pt")
     assert store.load()["epoch"] == 2
     prefix = store.root.removeprefix(f"s3://{BUCKET}/")
-    assert not [k for k in list_keys(moto, BUCKET, prefix) if k.endswith("epoch-0003.pt")]
+    assert not [k for k in list_keys(s3_endpoint, BUCKET, prefix) if k.endswith("epoch-0003.pt")]

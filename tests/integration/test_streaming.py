@@ -1,7 +1,7 @@
 """Streaming ranks, for real: ddpflow.run() on a LocalCluster of worker processes trains from
 shards (ddpflow.shards), a worker is SIGKILLed mid-epoch, a rank's memory is measured in its
 worker process, the image folder is formatted on the cluster's workers, and the S3 store
-goes away under a stream (a moto server over HTTP, stopped)."""
+goes away under a stream (a SeaweedFS server over HTTP, stopped)."""
 
 from __future__ import annotations
 
@@ -30,9 +30,9 @@ from ddpflow.workloads.vision.shard_format import (
     format_shards_on,
     plan_shards,
 )
-from infra.services import create_bucket, free_port, start_moto, stop
+from infra.services import stop
 from tests.integration.grow_functions import samples_by_epoch
-from tests.integration.s3_servers import use_s3
+from tests.integration.s3_servers import start_test_seaweedfs, use_s3
 from tests.integration.stream_functions import stream_fit, stream_peak, write_split
 
 pytestmark = pytest.mark.integration
@@ -153,9 +153,8 @@ def test_formatting_on_two_workers_writes_the_shards_of_one_process(cluster, tmp
 # docs/data.md "Bad shards": the store gone mid-epoch is retried for a bounded time, then
 # the batch fails naming the shard: never a hang, never a skipped sample.
 def test_an_s3_outage_mid_epoch_fails_the_batch_naming_the_shard(tmp_path, monkeypatch):
-    service = start_moto(free_port(), tmp_path)
+    service = start_test_seaweedfs(tmp_path / "seaweedfs", ("stream",))
     try:
-        create_bucket(service.url, "stream")
         use_s3(monkeypatch, service.url)
         uri = "s3://stream/data/train.shards.json"
         write_split(uri, 120, 20)
