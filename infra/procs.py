@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,6 +97,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         if _bindable(host, port):
             return port
     raise ServiceError(f"no free port on {host} between {_PORTS_FROM} and {low}")
+
+
+def free_ports(names: Iterable[str], taken: Iterable[int] = ()) -> dict[str, int]:
+    """A distinct free port (free_port) for each name, none of them one of `taken`."""
+    used = set(taken)
+    ports: dict[str, int] = {}
+    for name in names:
+        port = free_port()
+        while port in used:
+            port = free_port()
+        ports[name] = port
+        used.add(port)
+    return ports
 
 
 def _bindable(host: str, port: int) -> bool:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from infra import services
+from infra import procs, services
 from infra.auth import StackSecrets
 from infra.procs import Service, ServiceError, members, pid_alive, port_is_free, process_start
 from infra.seaweedfs.server import start_seaweedfs
@@ -31,12 +31,7 @@ WORKER_QUERY_SECONDS = "2"
 def choose_ports(free_ports: bool) -> dict[str, int]:
     """The default ports if they are all free, else fail; with free_ports, OS-picked ones."""
     if free_ports:
-        ports: dict[str, int] = {}
-        while len(ports) < len(DEFAULT_PORTS):
-            port = services.free_port()
-            if port not in ports.values():
-                ports[list(DEFAULT_PORTS)[len(ports)]] = port
-        return ports
+        return procs.free_ports(DEFAULT_PORTS)
     busy = [f"{port} ({name})" for name, port in DEFAULT_PORTS.items() if not port_is_free(port)]
     if busy:
         raise StackError(

@@ -99,10 +99,14 @@ def _redact_netloc(netloc: str) -> str:
     return f"{user}:{MASK}@{host}" if has_password and user else f"{MASK}@{host}"
 
 
+def _mask_values(url: str) -> str:
+    """Every query or fragment `name=value` of an unparsed URL with its value masked."""
+    return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", url)
+
+
 def _redact_unparsed(url: str) -> str:
     """A URL urlsplit refuses (a broken [IPv6] host): redacted as text, the same parts."""
-    url = _UNPARSED_USERINFO.sub(f"{MASK}@", url)
-    return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", url)
+    return _mask_values(_UNPARSED_USERINFO.sub(f"{MASK}@", url))
 
 
 def _redact_misparsed(url: str) -> str:
@@ -110,12 +114,9 @@ def _redact_misparsed(url: str) -> str:
     (http://user:pa/ss@host), which a parser splits before its '@'. Everything from '://'
     to the last '@' is user info; without an '@' the URL is redacted as unparsable."""
     scheme, _, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not at:
+    if "@" not in rest:
         return _redact_unparsed(url)
-    user = userinfo.partition(":")[0]
-    shown = f"{user}:{MASK}@" if ":" in userinfo and user else f"{MASK}@"
-    return _UNPARSED_VALUE.sub(lambda m: f"{m.group(1)}={MASK}", f"{scheme}://{shown}{host}")
+    return _mask_values(f"{scheme}://{_redact_netloc(rest)}")  # netloc: up to the last '@'
 
 
 def _redact_one(url: str) -> str:

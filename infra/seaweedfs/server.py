@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from infra.procs import Service, ServiceError, free_port, spawn, stop, wait_http, wait_until
+from infra.procs import Service, ServiceError, free_ports, spawn, stop, wait_http, wait_until
 from infra.runtime import BIN, base_env
 from infra.seaweedfs.config import Identity, WeedConfig, write_config
 
@@ -100,13 +100,8 @@ def server_argv(
 
 def pick_ports(s3_port: int) -> dict[str, int]:
     """The gateway's port and a distinct free port for every other listener."""
-    ports = {"s3": s3_port}
-    for name in (*INNER, *(f"{n}_grpc" for n in (*INNER, "s3"))):
-        port = free_port()
-        while port in ports.values():
-            port = free_port()
-        ports[name] = port
-    return ports
+    others = (*INNER, *(f"{name}_grpc" for name in (*INNER, "s3")))
+    return {"s3": s3_port, **free_ports(others, taken=(s3_port,))}
 
 
 @dataclass(frozen=True)
@@ -142,11 +137,10 @@ def wait_for_buckets(
     administrator's key; fails at once if the server exits."""
     wait_http(f"{service.url}/healthz", START_TIMEOUT_S, service)
     admin = next(identity for identity in identities if identity.bucket is None)
+    s3 = _client(service.url, admin)
     for bucket in buckets:
         # The gateway answers before it has loaded the identities: retry until it knows them.
-        wait_until(
-            lambda b=bucket: _created(service.url, admin, b), 30, service, f"bucket {bucket}"
-        )
+        wait_until(lambda b=bucket: _created(s3, b), 30, service, f"bucket {bucket}")
 
 
 def start_seaweedfs(
@@ -178,17 +172,24 @@ def start_seaweedfs(
     return service
 
 
-def _created(endpoint_url: str, admin: Identity, bucket: str) -> bool:
+def _client(endpoint_url: str, admin: Identity) -> Any:
+    """A boto3 S3 client with the administrator's key (boto3 types its clients at run time)."""
     import boto3  # late: only callers that start a server pay for the import
-    from botocore.exceptions import ClientError
 
-    s3 = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=endpoint_url,
         aws_access_key_id=admin.key.access_key_id,
         aws_secret_access_key=admin.key.secret_access_key,
         region_name="us-east-1",
     )
+
+
+def _created(s3: Any, bucket: str) -> bool:
+    """True once `bucket` exists; False while the gateway does not know the key yet (wait_until
+    polls again)."""
+    from botocore.exceptions import ClientError
+
     try:
         s3.create_bucket(Bucket=bucket)
     except ClientError as exc:
@@ -196,7 +197,6 @@ def _created(endpoint_url: str, admin: Identity, bucket: str) -> bool:
         if code in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
             return True
         if code == "InvalidAccessKeyId":  # identities not loaded yet
-            time.sleep(0.2)
             return False
         raise
     return True

@@ -86,18 +86,27 @@ def without_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         s3fs.S3FileSystem.clear_instance_cache()
 
 
-def s3_client(endpoint: str):
+def s3_client(
+    endpoint: str, key_id: str = ACCESS_KEY, secret: str = SECRET_KEY, service: str = "s3"
+):
+    """A boto3 client of the endpoint (the tests' key unless given another)."""
     return boto3.client(
-        "s3",
+        service,
         endpoint_url=endpoint,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
+        aws_access_key_id=key_id,
+        aws_secret_access_key=secret,
         region_name="us-east-1",
     )
 
 
-def list_keys(endpoint: str, bucket: str, prefix: str = "") -> list[str]:
-    paginator = s3_client(endpoint).get_paginator("list_objects_v2")
+def list_keys(
+    endpoint: str,
+    bucket: str,
+    prefix: str = "",
+    key_id: str = ACCESS_KEY,
+    secret: str = SECRET_KEY,
+) -> list[str]:
+    paginator = s3_client(endpoint, key_id, secret).get_paginator("list_objects_v2")
     return [
         obj["Key"]
         for page in paginator.paginate(Bucket=bucket, Prefix=prefix)

@@ -26,6 +26,7 @@ from tests.integration.prefect_api import (
     state_history,
     wait_for_state,
 )
+from tests.integration.s3_servers import list_keys
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
@@ -132,25 +133,15 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
     assert deployed["AWS_ACCESS_KEY_ID"] not in recorded
 
     # The checkpoints and MLflow's copy of the model are objects in the stack's SeaweedFS.
-    keys = _bucket_keys(deployed)
+    keys = list_keys(
+        deployed["AWS_ENDPOINT_URL_S3"],
+        BUCKET,
+        key_id=deployed["AWS_ACCESS_KEY_ID"],
+        secret=deployed["AWS_SECRET_ACCESS_KEY"],
+    )
     run_id = run.info.run_id
     assert any(k.startswith("artifacts/") and run_id in k and "checkpoint" in k for k in keys)
     assert any(k.startswith("mlflow/") and f"{run_id}/artifacts/" in k for k in keys), keys[:20]
-
-
-def _bucket_keys(env: dict[str, str]) -> list[str]:
-    """Every key in the stack's bucket, listed with the stack user's S3 key."""
-    import boto3
-
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
-    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET)
-    return [obj["Key"] for page in pages for obj in page.get("Contents", [])]
 
 
 def test_retrain_schedule_and_concurrency_limit_are_registered(deployed):

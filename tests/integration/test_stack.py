@@ -16,7 +16,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import botocore.exceptions
 import distributed
 import httpx
@@ -30,6 +29,7 @@ from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
 from infra.seaweedfs.server import grpc_socket_paths
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
+from tests.integration.s3_servers import s3_client
 
 pytestmark = pytest.mark.integration
 
@@ -347,13 +347,7 @@ def _s3(env: dict[str, str], key_id: str, secret: str) -> Any:
 
 def _client(service: str, env: dict[str, str], key_id: str, secret: str) -> Any:
     """A boto3 client of the stack's S3 endpoint (boto3 types its clients at run time)."""
-    return boto3.client(
-        service,
-        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
-        aws_access_key_id=key_id,
-        aws_secret_access_key=secret,
-        region_name=env["AWS_DEFAULT_REGION"],
-    )
+    return s3_client(env["AWS_ENDPOINT_URL_S3"], key_id, secret, service)
 
 
 def test_credential_files_are_private(stack_state: StackState) -> None:
