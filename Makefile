@@ -45,8 +45,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 
+# MLflow 3.17's server imports Starlette's deprecated WSGI middleware, which warns once per
+# server process: not something a user of this command can act on.
 mlflow-ui: $(STAMP)
-	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
+	PYTHONWARNINGS="ignore:starlette.middleware.wsgi is deprecated" $(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 clean:
 	rm -rf artifacts mlartifacts mlruns mlflow.db mlflow.db.lock

@@ -32,7 +32,7 @@ from torch import nn
 import ddpflow
 from bench.common import Result, command_line, load_average, print_results, record_entry
 from ddpflow.cluster.build import local_cluster
-from ddpflow.distributed.supervision import cluster_workers
+from ddpflow.distributed.supervisor.watch import cluster_workers
 
 FEATURES, HIDDEN, CLASSES = 64, 1024, 10
 BATCH_SIZE = 64  # per rank

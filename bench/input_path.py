@@ -7,7 +7,7 @@ Each world size runs as that many processes (torch.multiprocessing spawn, gloo o
 (LSTM 4 x 128, dropout 0.1), batch 512 per rank and the same names. Per round, each path
 trains `steps` steps, in this order:
 
-(a) ddpflow: `train_loop.fit` itself for one epoch (NullLogger, no checkpoint), i.e. index
+(a) ddpflow: `fit_loop` (training/loop.py) for one epoch (NullLogger, no checkpoint): index
     slicing `windows[idx]` + `split_xy` + CharLSTM (one-hot inside forward) under DDP + Adam.
     Its figure is fit's own EpochStats.samples_per_s (training time only, eval excluded).
 (b) pure compute: the same DDP model and optimizer over (x, y) index batches made before the
@@ -50,7 +50,7 @@ from bench.seed_reference import Model, OurDataset
 from ddpflow.distributed.context import RankContext, RankSpec, find_free_port, process_group
 from ddpflow.tracking.loggers import NullLogger
 from ddpflow.training.batching import epoch_batches
-from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training.loop import FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.corpus import load_names
@@ -91,7 +91,7 @@ def _ddpflow_round(
     epoch: int,
 ) -> float:
     plan = FitPlan(epochs=epoch + 1, batch_size=cfg.batch_size, seed=0, start_epoch=epoch)
-    stats = fit(
+    stats = fit_loop(
         model=model,
         optimizer=optimizer,
         train=TensorSamples(windows, split_xy),

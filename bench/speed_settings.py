@@ -2,15 +2,15 @@
 
     .venv/bin/python -m bench.speed_settings [--quick] [--compile]
 
-The same small training through `train_loop.fit` itself (one process, one thread, no
-process group, a null logger, no checkpoint, validation replaced by a constant) with each
-setting of `ddpflow.training.speed.device`: the ResNet-18 image workload (uint8 images,
-random labels) and
-the pet-name LSTM (4x128, batch 512). Each round trains one short epoch per setting, in
-turn; round 0 is warm-up and dropped. The figure is the median over rounds of the paired
-ratio setting/fp32 of fit's own samples/s, so load that changes during the run hits both
-sides of each ratio. A setting the machine cannot run (pinning without CUDA, a precision
-its kernels lack) is recorded with the reason instead of a figure.
+The same small training through `fit_loop` (ddpflow.training.loop) itself (one process,
+one thread, no process group, a null logger, no checkpoint, validation replaced by a
+constant) with each setting of `ddpflow.training.speed.device`: the ResNet-18 image workload
+(uint8 images, random labels) and the pet-name LSTM (4x128, batch 512). Each round trains
+one short epoch per setting, in turn; round 0 is warm-up and dropped. The figure is the
+median over rounds of the paired ratio setting/fp32 of fit's own samples/s, so load that
+changes during the run hits both sides of each ratio. A setting the machine cannot run
+(pinning without CUDA, a precision its kernels lack) is recorded with the reason instead of
+a figure.
 
 Writes the `speed_settings` entry of bench/results/latest.json (merged: the file's other
 entries are kept), keyed by "<workload>/<setting>".
@@ -30,7 +30,7 @@ from torch import nn
 from bench.common import BENCH_THREADS, command_line, load_average, machine, median
 from ddpflow.distributed.context import RankContext
 from ddpflow.tracking.loggers import NullLogger
-from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.loop import FitHooks, FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 from ddpflow.training.speed.device import resolve_speed
 from ddpflow.training.speed.settings import SpeedError, SpeedSettings
@@ -95,7 +95,7 @@ def _prepare(settings: SpeedSettings, factory, probe, images: bool) -> tuple[Any
 
 def _epoch_rate(prepared, data, to_batch, batch: int) -> float:
     model, optimizer, speed = prepared
-    (stats,) = fit(
+    (stats,) = fit_loop(
         model=model,
         optimizer=optimizer,
         train=TensorSamples(data, to_batch),

@@ -134,7 +134,7 @@ PALETTE = (
     (225, 225, 225),
     (70, 70, 70),
 )
-# The flow's lines this reads (ddpflow.distributed.launcher, ddpflow.training.progress,
+# The flow's lines this reads (ddpflow.distributed.launcher, ddpflow.training.fit_progress,
 # flows/train_images.py, Prefect's task-run end).
 RANK_LINE = re.compile(r"rank (\d+) of (\d+): worker \S+, pid (\d+)")
 EPOCH_DONE = re.compile(r"epoch (\d+)/(\d+) done: .*?([\d,]+) samples/s, ([\d.]+) s")

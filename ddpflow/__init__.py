@@ -17,17 +17,18 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ddpflow.api import run
     from ddpflow.checkpoint.reading import LoadedCheckpoint, load_checkpoint
-    from ddpflow.distributed.elastic import (
+    from ddpflow.distributed.progress import Progress
+    from ddpflow.distributed.supervisor.failures import LaunchError
+    from ddpflow.distributed.supervisor.relaunch import (
         RepeatedFailure,
         Resize,
         Restart,
         RestartsExhausted,
         WorkersNotBack,
     )
-    from ddpflow.distributed.failures import LaunchError
-    from ddpflow.distributed.progress import Progress
     from ddpflow.integrations.prefect.run_in_flow import run_in_flow
     from ddpflow.integrations.prefect.task_runner import dask_task_runner
+    from ddpflow.registry.load import load_registered_model
     from ddpflow.shards.index import read_index, write_records
     from ddpflow.shards.stream import ShardStream
     from ddpflow.training.context import Stateful, TrainContext
@@ -40,6 +41,7 @@ _EXPORTS = {
     "run": "ddpflow.api",
     "load_checkpoint": "ddpflow.checkpoint.reading",
     "LoadedCheckpoint": "ddpflow.checkpoint.reading",
+    "load_registered_model": "ddpflow.registry.load",
     "fit": "ddpflow.training.fit",
     "FitHooks": "ddpflow.training.loop",
     "EpochStats": "ddpflow.training.result",
@@ -50,12 +52,12 @@ _EXPORTS = {
     "dask_task_runner": "ddpflow.integrations.prefect.task_runner",
     "TrainContext": "ddpflow.training.context",
     "Stateful": "ddpflow.training.context",
-    "Restart": "ddpflow.distributed.elastic",
-    "Resize": "ddpflow.distributed.elastic",
-    "RestartsExhausted": "ddpflow.distributed.elastic",
-    "RepeatedFailure": "ddpflow.distributed.elastic",
-    "WorkersNotBack": "ddpflow.distributed.elastic",
-    "LaunchError": "ddpflow.distributed.failures",
+    "Restart": "ddpflow.distributed.supervisor.relaunch",
+    "Resize": "ddpflow.distributed.supervisor.relaunch",
+    "RestartsExhausted": "ddpflow.distributed.supervisor.relaunch",
+    "RepeatedFailure": "ddpflow.distributed.supervisor.relaunch",
+    "WorkersNotBack": "ddpflow.distributed.supervisor.relaunch",
+    "LaunchError": "ddpflow.distributed.supervisor.failures",
     "Progress": "ddpflow.distributed.progress",
     "ShardStream": "ddpflow.shards.stream",
     "read_index": "ddpflow.shards.index",
@@ -81,6 +83,7 @@ __all__ = [
     "dask_task_runner",
     "fit",
     "load_checkpoint",
+    "load_registered_model",
     "read_index",
     "run",
     "run_in_flow",

@@ -11,26 +11,27 @@ Everything here is validated in the caller's process before any rank starts.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import pickle
 from collections.abc import Callable, Mapping
 from contextlib import nullcontext
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import cloudpickle
 import distributed
 
 from ddpflow.config import DEFAULT_SETTLE_S
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.elastic import (
+from ddpflow.distributed.launcher import cluster_workers
+from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
+from ddpflow.distributed.supervisor.relaunch import (
     Resize,
     Restart,
     check_settle,
     check_world_bounds,
     launch_with_restarts,
 )
-from ddpflow.distributed.launcher import cluster_workers
-from ddpflow.distributed.progress import Progress, Subscriber, line_subscriber
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef, close_logger, logger_for_rank, spool_folder
 from ddpflow.tracking.run import (
@@ -45,8 +46,48 @@ from ddpflow.tracking.spool import Unsent
 from ddpflow.training.settings import TrainSettings, check_seed
 
 R = TypeVar("R")
+P = ParamSpec("P")
+
+# Keyword options the public API documented and later removed, by function: a call that
+# still passes one fails with Python's own words for it plus what replaced it and how to
+# move, instead of the bare "unexpected keyword argument". CHANGELOG.md lists the same.
+REMOVED_OPTIONS: dict[str, dict[str, str]] = {
+    "run": {
+        "progress_topic": (
+            "it was removed in ddpflow 0.2.0. Pass on_event=callback instead: it gets every "
+            "ddpflow.Progress event in this process (ddpflow.fit's step counts, epoch and "
+            "losses, and the ctx.report() lines), so nothing needs client.subscribe_topic() "
+            "(docs/api.md, CHANGELOG.md)"
+        ),
+    },
+}
+# run_in_flow()'s options are run()'s keyword arguments.
+REMOVED_OPTIONS["run_in_flow"] = REMOVED_OPTIONS["run"]
 
 
+def refuse_removed_options(function: str, options: Mapping[str, Any]) -> None:
+    """Raise TypeError naming the replacement of any removed option of `function` given."""
+    removed = REMOVED_OPTIONS.get(function, {})
+    for name in options:
+        if name in removed:
+            raise TypeError(
+                f"{function}() got an unexpected keyword argument {name!r}: {removed[name]}"
+            )
+
+
+def refuses_removed_options(function: Callable[P, R]) -> Callable[P, R]:
+    """`function`, checking its keyword arguments against REMOVED_OPTIONS first. Its
+    signature and type hints stay its own (functools.wraps), free of the removed names."""
+
+    @functools.wraps(function)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        refuse_removed_options(function.__name__, kwargs)
+        return function(*args, **kwargs)
+
+    return checked
+
+
+@refuses_removed_options
 def run(
     client: distributed.Client,
     train: Callable[..., R],

@@ -20,6 +20,13 @@ RANK_RESOURCES_ENV = "DDPFLOW_RANK_RESOURCES"
 # TLS with per-run credentials for the clusters ddpflow starts on this machine (local, cuda):
 # on by default; "0" turns it off (ddpflow.cluster.local_tls says why it is on).
 LOCAL_TLS_ENV = "DDPFLOW_LOCAL_CLUSTER_TLS"
+# The same for the clusters a flow starts whose workers run elsewhere: jobqueue gets per-run
+# TLS, kubernetes (whose KubeCluster cannot use TLS) is refused; "0" starts either on plain
+# tcp:// (ddpflow.cluster.jobqueue_tls and ddpflow.cluster.tls say why).
+REMOTE_TLS_ENV = "DDPFLOW_REMOTE_CLUSTER_TLS"
+# "1" gives the dashboards of the clusters ddpflow starts Dask's /info pages back
+# (ddpflow.cluster.dashboard says why they are off).
+DASHBOARD_INFO_ENV = "DDPFLOW_DASHBOARD_INFO"
 HEAL_TIMEOUT_ENV = "DDPFLOW_HEAL_TIMEOUT_S"
 DEFAULT_HEAL_TIMEOUT_S = 120.0
 SETTLE_ENV = "DDPFLOW_GROW_SETTLE_S"
@@ -79,6 +86,9 @@ class Settings:
     max_load_bytes: int = int(DEFAULT_MAX_LOAD_MB * 2**20)
     # Whether the local and cuda clusters ddpflow starts use TLS (DDPFLOW_LOCAL_CLUSTER_TLS).
     local_cluster_tls: bool = True
+    # Whether the jobqueue and kubernetes clusters a flow starts use TLS
+    # (DDPFLOW_REMOTE_CLUSTER_TLS; kubernetes cannot, so it is refused unless this is off).
+    remote_cluster_tls: bool = True
 
     @property
     def launch(self) -> LaunchSettings:
@@ -117,6 +127,7 @@ class Settings:
             store_outage_s=store_outage_s(env),
             max_load_bytes=max_load_bytes(env),
             local_cluster_tls=_parse_switch(LOCAL_TLS_ENV, env.get(LOCAL_TLS_ENV), default=True),
+            remote_cluster_tls=_parse_switch(REMOTE_TLS_ENV, env.get(REMOTE_TLS_ENV), default=True),
         )
 
 

@@ -20,7 +20,8 @@ HiddenSize = Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE, description="LSTM un
 NumLayers = Annotated[int, Field(ge=1, le=MAX_NUM_LAYERS, description="LSTM layers")]
 Dropout = Annotated[float, Field(ge=0, lt=1, description="dropout between LSTM layers")]
 Fraction = Annotated[float, Field(gt=0, lt=1)]
-KeepLast = Annotated[int, Field(ge=1, description="checkpoints kept per run (step ones count too)")]
+KEEP_LAST_HELP = "checkpoints kept per run, in the store and in MLflow (step ones count too)"
+KeepLast = Annotated[int, Field(ge=1, description=KEEP_LAST_HELP)]
 TIMEOUT_HELP = "seconds a rank may take to start, in a collective or per step, else its group fails"
 RankTimeout = Annotated[float, Field(gt=0, le=MAX_RANK_TIMEOUT_S, description=TIMEOUT_HELP)]
 Experiment = Annotated[str, Field(min_length=1, description="MLflow experiment")]

@@ -26,7 +26,7 @@ from ddpflow.workloads.charlm.job import CharLMTrainJob
 from flows.inspection import publish_mlflow_links, tag_flow_run
 from flows.params import CharLMParams
 from flows.preflight import run_preflight
-from flows.summary import mlflow_ui_hint
+from flows.summary import kept_line, mlflow_ui_hint
 from flows.workload_run import start_workload_run
 from tasks.charlm import (
     INCOMPLETE_KEY,
@@ -60,6 +60,8 @@ class CharLMSummary:
     world_size: int
     # Logging calls MLflow never took (ddpflow.tracking.spool); the run is tagged with them.
     unsent: tuple[Unsent, ...] = ()
+    # (checkpoints, bytes) the store keeps once training is done; MLflow keeps the same.
+    kept: tuple[int, int] = (0, 0)
 
     def render(self, settings: Settings, experiment_id: str | None = None) -> str:
         return "\n".join(
@@ -71,7 +73,7 @@ class CharLMSummary:
                 f"  final val loss     {self.final_val_loss:.4f}",
                 f"  generated names    {', '.join(n or '(empty)' for n in self.names)}",
                 f"  novel names        {self.novel_fraction:.0%} not in the training set",
-                f"  checkpoints        {redact_url(self.checkpoint_dir)}",
+                f"  checkpoints        {redact_url(self.checkpoint_dir)} ({kept_line(*self.kept)})",
                 f"  latest checkpoint  {redact_url(self.checkpoint_uri)}",
                 f"  registered model   version {self.model_version}",
                 f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
@@ -254,4 +256,5 @@ def _train_evaluate_register(
         model_version=version,
         world_size=world_size,
         unsent=trained.unsent,
+        kept=storage.folder_usage(checkpoint_dir, ".pt"),
     )

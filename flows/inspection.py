@@ -21,6 +21,7 @@ from ddpflow.tracking.inspection import (
     NOTE_TAG,
     DatasetRef,
     RunOrigin,
+    experiment_url,
     git_commit,
     model_version_url,
     run_description,
@@ -89,6 +90,7 @@ def _publish_links(run: RunRef, key: str, model_name: str | None, version: str |
     experiment_id = MlflowClient(run.tracking_uri).get_run(run.run_id).info.experiment_id
     lines = ["# In MLflow", "", "| | |", "|---|---|"]
     lines.append(f"| run | {_link(run_url(run.tracking_uri, experiment_id, run.run_id))} |")
+    lines.append(f"| experiment | {_link(experiment_url(run.tracking_uri, experiment_id))} |")
     if model_name and version:
         url = model_version_url(run.tracking_uri, model_name, version)
         lines.append(f"| model version | {_link(url, f'{model_name} v{version}')} |")

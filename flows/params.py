@@ -8,7 +8,7 @@ from pydantic_core import PydanticCustomError
 
 from ddpflow import param_types as t
 from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
-from ddpflow.distributed.elastic import check_world_bounds
+from ddpflow.distributed.supervisor.relaunch import check_world_bounds
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
 from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH

@@ -22,6 +22,7 @@ from ddpflow.preflight.checks import (
     probe_http_off_loop,
 )
 from ddpflow.preflight.folder_probe import probe_folder_off_loop
+from ddpflow.preflight.plain_scheduler import warn_if_plain_tcp
 from ddpflow.storage.redact import redact_url
 
 # Slack on top of the probe's own timeout for the scheduler's round trip to every worker.
@@ -40,6 +41,7 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
             f"Dask scheduler {settings.dask_address} is not reachable ({error}). Start it or "
             f"fix {DASK_ADDRESS_ENV}."
         ) from error
+    warn_if_plain_tcp(client.scheduler.address)
     # The LocalCluster a flow starts runs on this host with the API URL in its environment;
     # any other cluster's workers may sit where the API cannot be reached.
     if settings.cluster_kind != "local":

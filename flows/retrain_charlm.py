@@ -7,7 +7,8 @@ challenger's loss is lower by more than `margin`. A failed challenger stops the 
 the decision, so it never touches the alias, and so does a registry that cannot say who the
 champion is. The deployment runs one retrain at a time (concurrency limit 1, later runs
 queue); a retrain or sweep started elsewhere meanwhile is serialised with it by the model's
-promotion lock in the registry (`ddpflow.registry.promotion_lock`).
+promotion lock, a Prefect concurrency limit on the shared Prefect server
+(`ddpflow.integrations.prefect.promotion_limit`).
 """
 
 from __future__ import annotations

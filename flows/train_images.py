@@ -14,6 +14,7 @@ if __name__ == "__main__":
 
 from dataclasses import dataclass
 
+from mlflow.tracking import MlflowClient
 from prefect import flow, unmapped
 
 from ddpflow import storage
@@ -33,7 +34,7 @@ from flows.cli import run_cli
 from flows.inspection import publish_mlflow_links, tag_flow_run
 from flows.params import ImageParams
 from flows.preflight import run_preflight
-from flows.summary import mlflow_ui_hint
+from flows.summary import kept_line, mlflow_ui_hint
 from flows.workload_run import start_workload_run
 from tasks.images import (
     INCOMPLETE_KEY,
@@ -53,6 +54,9 @@ from tasks.restarts import train_ddp
 from tasks.tracking_report import tracking_line
 
 WORKLOAD = "images"
+# On a registered version whose accuracy is no result (no better than the majority class,
+# or one class for every image): the reasons.
+NO_RESULT_TAG = "ddpflow.no_better_than_baseline"
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,12 @@ class ImageSummary:
     world_size: int
     # Logging calls MLflow never took (ddpflow.tracking.spool); the run is tagged with them.
     unsent: tuple[Unsent, ...] = ()
+    # (checkpoints, bytes) the store keeps once training is done; MLflow keeps the same.
+    kept: tuple[int, int] = (0, 0)
+    # Always answering the validation set's most common class scores this.
+    baseline_accuracy: float = float("nan")
+    # What makes the accuracy no result (ImageEvalResult.warnings); empty when nothing does.
+    warnings: tuple[str, ...] = ()
 
     def render(self, settings: Settings) -> str:
         return "\n".join(
@@ -77,13 +87,16 @@ class ImageSummary:
                 "ddpflow: image classifier trained",
                 f"  MLflow run id      {self.run_id}",
                 f"  world size         {self.world_size} ranks",
-                f"  val accuracy       {self.val_accuracy:.2%} of {self.num_val} images",
+                f"  val accuracy       {self.val_accuracy:.2%} of {self.num_val} images "
+                f"(majority-class baseline {self.baseline_accuracy:.2%})",
+                *(f"  WARNING            {warning}" for warning in self.warnings),
                 f"  val loss           {self.val_loss:.4f}",
                 f"  skipped files      {self.num_skipped} unreadable",
-                f"  checkpoints        {redact_url(self.checkpoint_dir)}",
+                f"  checkpoints        {redact_url(self.checkpoint_dir)} ({kept_line(*self.kept)})",
                 f"  latest checkpoint  {redact_url(self.checkpoint_uri)}",
                 f"  reports            {self.report_dir} (confusion matrix CSV/PNG)",
-                f"  registered model   version {self.model_version}",
+                f"  registered model   version {self.model_version} (the latest checkpoint's"
+                + (", tagged ddpflow.no_better_than_baseline)" if self.warnings else ")"),
                 f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
                 f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
                 "",
@@ -295,6 +308,12 @@ def _train_evaluate_register(
     checkpoint = trained.latest_checkpoint
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
     version = register_trained(WORKLOAD, run, checkpoint, params.model_name)
+    if evaluation.warnings():
+        # Registered all the same (a run's model is always findable), but marked, so that
+        # whoever picks a version sees it is no result.
+        MlflowClient(run.tracking_uri).set_model_version_tag(
+            params.model_name, version, NO_RESULT_TAG, "; ".join(evaluation.warnings())
+        )
     return ImageSummary(
         run_id=run.run_id,
         val_accuracy=evaluation.val_accuracy,
@@ -307,6 +326,9 @@ def _train_evaluate_register(
         model_version=version,
         world_size=world_size,
         unsent=trained.unsent,
+        kept=storage.folder_usage(checkpoint_dir, ".pt"),
+        baseline_accuracy=evaluation.baseline_accuracy,
+        warnings=tuple(evaluation.warnings()),
     )
 
 

@@ -13,8 +13,8 @@ from prefect.events import emit_event
 from ddpflow.api import rank_entry
 from ddpflow.cluster.growing import ask_for_workers
 from ddpflow.config import LaunchSettings
-from ddpflow.distributed.elastic import Resize, Restart, launch_with_restarts
 from ddpflow.distributed.progress import line_subscriber
+from ddpflow.distributed.supervisor.relaunch import Resize, Restart, launch_with_restarts
 from ddpflow.integrations.prefect.flow_client import current_dask_client, flow_started_cluster
 from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact, progress_artifact
 from ddpflow.storage.redact import redact_text
@@ -77,9 +77,9 @@ def train_ddp(
     progress artifact `progress_key` (their steps), one artifact over all attempts.
     Logging calls rank 0 could not get into MLflow (its `unsent`) are listed in the Prefect
     artifact `incomplete_key`.
-    With `max_workers` the group grows onto workers that join (ddpflow.distributed.growth);
-    each change of its size is a line in this task's log, a Prefect event
-    (RESIZED_EVENT) and a note on the progress artifact.
+    With `max_workers` the group grows onto workers that join
+    (ddpflow.distributed.supervisor.growth); each change of its size is a line in this task's
+    log, a Prefect event (RESIZED_EVENT) and a note on the progress artifact.
     """
     run: RunRef = job.run
     client = current_dask_client()

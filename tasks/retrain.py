@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.integrations.prefect.promotion_limit import promotion_lock
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.decision import Decision
 
@@ -15,14 +16,16 @@ def score_and_promote(
 ) -> Decision:
     """Score challenger and champion on the same holdout; move `champion` only if better.
 
-    The one promotion path of every flow (retrain, sweep): `promote` serialises promotions
-    of a model through its registry lock, whoever started them.
+    The one promotion path of every flow (retrain, sweep): promotions of a model are
+    serialised by its Prefect concurrency limit, whoever started them (`promotion_limit`:
+    without a shared Prefect server, a shared registry refuses to promote).
     """
     from ddpflow.workloads.charlm.champion import promote  # needs torch: imported where it runs
 
     decision = promote(
-        run.tracking_uri, model_name, run.run_id, challenger_version, val_uri, margin
-    )
+        run.tracking_uri, model_name, run.run_id, challenger_version, val_uri, margin,
+        lock=promotion_lock,
+    )  # fmt: skip
     create_markdown_artifact(
         markdown=decision_markdown(model_name, run, decision),
         key="charlm-retrain-decision",

@@ -98,6 +98,8 @@ HEAVY_FIRST = [
     "test_secrets",
     "test_inspection",
     "test_graceful_leave",
+    "test_house_layout",  # ~150 s: builds the wheel, trains in a venv of its own
+    "test_promotion_limit",  # ~110 s, most of it a frozen holder's lease running out
 ]
 
 
@@ -113,24 +115,13 @@ def group_of(nodeid: str) -> str | None:
     return SHARED_GROUPS.get(path.stem, path.stem)
 
 
-# Unit modules whose tests mostly wait (the promotion races stall threads past a lease, 47 s
-# for the longest): right after the heaviest groups, so the waits overlap CPU-bound tests on
-# the other processes; in collection order they came near the end and finished the run
-# alone (`pytest tests/unit -n 3`: 97 s before, 83 s after, 2026-11-30).
-WAITING_UNITS = ["test_promotion_race", "test_promotion_lock"]
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the heaviest groups first, then the waiting unit modules; the order within a
-    group is kept."""
+    """Put the heaviest groups first; the order within a group is kept."""
 
-    def rank(item: pytest.Item) -> tuple[int, int]:
+    def rank(item: pytest.Item) -> int:
         group = group_of(item.nodeid)
-        if group in HEAVY_FIRST:
-            return HEAVY_FIRST.index(group), 0
-        module = PurePosixPath(item.nodeid.split("::", 1)[0]).stem
-        return len(HEAVY_FIRST), 0 if module in WAITING_UNITS else 1
+        return HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
 
     items.sort(key=rank)  # stable
 

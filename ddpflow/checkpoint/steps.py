@@ -16,8 +16,8 @@ default, every `every_s` seconds, and a run resumes from the middle of an epoch 
 Ranks must agree on the step to checkpoint at (rank 0 writes, the others wait for it).
 A step count agrees by itself; a time limit, which each rank measures on its own clock, is
 agreed on by a small MAX all-reduce at control points (every `control_every` steps). The same
-all-reduce carries a stop request (ddpflow.distributed.graceful_stop: a worker sent SIGTERM):
-the group checkpoints at that step and every rank raises StopRequested.
+all-reduce carries a stop request (ddpflow.distributed.supervisor.graceful_stop: a worker sent
+SIGTERM): the group checkpoints at that step and every rank raises StopRequested.
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ddpflow.distributed import graceful_stop
+from ddpflow.distributed.supervisor import graceful_stop
 from ddpflow.tracking.loggers import MetricLogger, flush_logger
 
 if TYPE_CHECKING:
     import torch
 
     from ddpflow.distributed.context import RankContext
+    from ddpflow.distributed.supervisor.graceful_stop import StopReason
 
 # Lost work after a failure is bounded by this by default: minutes, not an epoch of hours.
 DEFAULT_CHECKPOINT_EVERY_S = 600.0
@@ -128,7 +129,7 @@ class CheckpointClock:
     def written(self) -> None:
         self.last = time.monotonic()
 
-    def check(self, steps_done: int) -> tuple[bool, str | None]:
+    def check(self, steps_done: int) -> tuple[bool, StopReason | None]:
         """After `steps_done` steps of the epoch: (checkpoint now?, why to stop after it or
         None). Every rank calls this after every step: at control points it is a collective.
         """
@@ -143,16 +144,16 @@ class CheckpointClock:
         time_due, stop = (bool(v) for v in self._agree(torch.tensor([late, asked is not None])))
         if not stop:
             return due or time_due, None
-        return True, asked or graceful_stop.PEER_STOP_CAUSE
+        return True, asked or graceful_stop.PEER_STOP
 
-    def stop_requested(self) -> str | None:
+    def stop_requested(self) -> StopReason | None:
         """Why the group stops now, or None: any rank's request is everyone's. A collective:
         every rank calls it at the same point (fit: after each epoch's checkpoint)."""
         import torch
 
         asked = graceful_stop.stop_reason()
         stop = bool(self._agree(torch.tensor([asked is not None]))[0])
-        return (asked or graceful_stop.PEER_STOP_CAUSE) if stop else None
+        return (asked or graceful_stop.PEER_STOP) if stop else None
 
     def _agree(self, flags: torch.Tensor) -> torch.Tensor:
         import torch

@@ -23,7 +23,7 @@ import logging
 import os
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,7 +33,7 @@ from torch import nn
 from ddpflow import storage
 from ddpflow.checkpoint.steps import EpochPosition
 from ddpflow.config import STORE_OUTAGE_ENV, store_outage_s
-from ddpflow.distributed import watchdog
+from ddpflow.distributed.supervisor import heartbeats
 from ddpflow.storage.redact import redact_text
 from ddpflow.storage.retry import retry_for
 from ddpflow.tracking.loggers import MetricLogger
@@ -138,6 +138,10 @@ def encode(state: dict[str, Any]) -> bytes:
     return buffer.getvalue()
 
 
+# The folder of a run's artifacts in MLflow that holds its epoch-end checkpoints.
+CHECKPOINT_ARTIFACTS = "checkpoints"
+
+
 @dataclass(frozen=True)
 class CheckpointStore:
     """Checkpoints of one run in one folder URI; keeps the newest `keep_last` of them."""
@@ -240,7 +244,7 @@ def _outage_tolerant_writer() -> Callable[[str, bytes], None]:
             what=f"checkpoint write to {uri}",
             bound_s=max(0.0, deadline - time.monotonic()),
             hint=hint,
-            on_wait=watchdog.beat_this_thread,
+            on_wait=heartbeats.beat_this_thread,
             sleep=time.sleep,  # looked up per call: unit tests swap in a fake clock
             clock=time.monotonic,
         )
@@ -267,13 +271,21 @@ def resume_from(
     return epoch, EpochPosition.from_dict(position) if position else None, info_values(state)
 
 
-def record_checkpoint(logger: MetricLogger, uri: str, data: bytes) -> None:
-    """Copy the checkpoint into the MLflow run and tag where the original lives."""
+def record_checkpoint(
+    logger: MetricLogger, uri: str, data: bytes, kept: Sequence[str] | None = None
+) -> None:
+    """Copy the checkpoint into the MLflow run and tag where the original lives.
+
+    `kept`: the checkpoint names the store keeps; MLflow's copies are pruned to those, so
+    `keep_last` holds for both (None: prune nothing)."""
+    name = uri.rsplit("/", 1)[-1]
     with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, uri.rsplit("/", 1)[-1])
+        path = os.path.join(tmp, name)
         with open(path, "wb") as f:
             f.write(data)
-        logger.log_artifact(path, "checkpoints", origin=uri)
+        logger.log_artifact(path, CHECKPOINT_ARTIFACTS, origin=uri)
+    if kept is not None:
+        logger.keep_artifacts(CHECKPOINT_ARTIFACTS, sorted({*kept, name}))
     logger.set_tags({LATEST_CHECKPOINT_TAG: uri})
 
 
@@ -286,12 +298,14 @@ def write_checkpoint(
 ) -> str:
     """A workload's checkpoint: `epoch` epochs done, plus `position` inside the next one.
 
-    Epoch-end checkpoints are also copied into the MLflow run; step checkpoints are not, as
-    nothing would prune their copies there.
+    Epoch-end checkpoints are also copied into the MLflow run, which then holds the same
+    epoch-end checkpoints as the store (its newest `keep_last`); step checkpoints stay in
+    the store only.
     """
     if position is not None:
         state["position"] = position.to_dict()
     uri = store.save_encoded(epoch, data := encode(state), position.step if position else None)
     if position is None:
-        record_checkpoint(logger, uri, data)
+        kept = [u.rsplit("/", 1)[-1] for u in store.list_uris()]
+        record_checkpoint(logger, uri, data, kept=[n for n in kept if ".step-" not in n])
     return uri

@@ -18,8 +18,10 @@ import dask
 import distributed
 from distributed.deploy import Cluster
 
+from ddpflow.cluster.dashboard import scheduler_http_routes
 from ddpflow.cluster.extras import require_extra
 from ddpflow.cluster.forkserver import fork_workers_from_a_preloaded_server
+from ddpflow.cluster.jobqueue_tls import jobqueue_security, removing_folder_on_close
 from ddpflow.cluster.kept_nannies import KeptNanniesCluster
 from ddpflow.cluster.local_tls import local_security
 from ddpflow.cluster.workers import (
@@ -81,7 +83,8 @@ def local_cluster(
         **cluster_kwargs,
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
-    return KeptNanniesCluster(n_workers=num_workers, **kwargs)
+    with dask.config.set(scheduler_http_routes()):  # also for callers other than build_cluster
+        return KeptNanniesCluster(n_workers=num_workers, **kwargs)
 
 
 def build_cluster(
@@ -92,24 +95,32 @@ def build_cluster(
 ) -> Cluster:
     """The cluster of `kind`, with DDPFLOW_CLUSTER_OPTIONS passed through to its class.
 
-    `env` is extra environment for the workers (e.g. PREFECT_API_URL). `tls` applies to the
-    clusters started on this machine (local, cuda; DDPFLOW_LOCAL_CLUSTER_TLS); the batch
-    queue and Kubernetes kinds keep their own settings.
+    `env` is extra environment for the workers (e.g. PREFECT_API_URL). `tls`: the cluster
+    uses TLS with credentials made for it (local, cuda: DDPFLOW_LOCAL_CLUSTER_TLS; jobqueue:
+    DDPFLOW_REMOTE_CLUSTER_TLS); for kubernetes, whose KubeCluster cannot, it refuses to
+    start one (DDPFLOW_REMOTE_CLUSTER_TLS=0 starts it on plain tcp://).
     """
     options = dict(options or {})
     env = dict(env or {})
+    # The scheduler reads its routes when it starts: in this process for every kind but
+    # kubernetes, whose scheduler runs in its own pod with Dask's defaults.
+    with dask.config.set(scheduler_http_routes()):
+        return _build(kind, options, env, tls)
+
+
+def _build(kind: str, options: dict[str, Any], env: dict[str, str], tls: bool) -> Cluster:
     if kind == "local":
         workers = options.pop("n_workers", DEFAULT_NUM_WORKERS)
         return local_cluster(workers, env=env, tls=tls, **options)
     if kind == "cuda":
         return cuda_cluster(options, env, tls=tls)
     if kind == "jobqueue":
-        return jobqueue_cluster(options, env)
+        return jobqueue_cluster(options, env, tls=tls)
     if kind == "kubernetes":
         # Imported here: the module builds on this one's worker settings.
         from ddpflow.cluster.kubernetes import kubernetes_cluster
 
-        return kubernetes_cluster(options, env)
+        return kubernetes_cluster(options, env, tls=tls)
     raise ConfigError(
         f"cluster kind {kind!r} cannot be built: use local, cuda, jobqueue or kubernetes "
         f"({CLUSTER_ENV}=address connects to DDPFLOW_DASK_ADDRESS instead)"
@@ -157,12 +168,18 @@ def nccl_interface_env(interface: str | None) -> dict[str, str]:
     return {"NCCL_SOCKET_IFNAME": f"={interface}"} if interface else {}
 
 
-def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Cluster:
+def jobqueue_cluster(
+    options: Mapping[str, Any], env: Mapping[str, str], tls: bool = True
+) -> Cluster:
     """A batch-queue cluster; each worker is a job. Nothing is submitted unless the options
     ask for workers (`n_workers`) or the cluster is scaled later.
 
     ddpflow's own keys: `system` (slurm, pbs, sge, lsf, htcondor, oar; default slurm).
-    `processes` defaults to 1: one worker, so one DDP rank, per job.
+    `processes` defaults to 1: one worker, so one DDP rank, per job. With `tls` (the default;
+    DDPFLOW_REMOTE_CLUSTER_TLS) the scheduler and the jobs' workers take only peers with the
+    cluster's own certificate, on tls:// (ddpflow.cluster.jobqueue_tls); the jobs read it from
+    a 0700 folder inside `shared_temp_directory` (default: the home folder), removed when
+    the cluster closes.
     """
     module = require_extra("jobqueue")
     options = dict(options)
@@ -181,7 +198,15 @@ def jobqueue_cluster(options: Mapping[str, Any], env: Mapping[str, str]) -> Clus
     # The scheduler itself listens where the jobs reach it; its dashboard only on loopback
     # (an SSH tunnel reaches it), unless scheduler_options say otherwise.
     options["scheduler_options"] = {"dashboard_address": LOOPBACK_DASHBOARD, **scheduler_options}
-    return getattr(module, JOBQUEUE_CLASSES[system])(**options)
+    folder = jobqueue_security(tls, options, str(options.get("config_name") or system))
+    cls = getattr(module, JOBQUEUE_CLASSES[system])
+    if folder is None:
+        return cls(**options)
+    try:
+        return removing_folder_on_close(cls)(tls_folder=folder, **options)
+    except BaseException:
+        folder.remove()  # a class that refused its options made no cluster to close
+        raise
 
 
 def task_placement(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:

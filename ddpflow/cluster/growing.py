@@ -1,5 +1,5 @@
 """Asking a cluster ddpflow started for more workers, so that a training with max_workers
-grows as capacity arrives (ddpflow.distributed.growth takes them once they stay).
+grows as capacity arrives (ddpflow.distributed.supervisor.growth takes them once they stay).
 
 A cluster someone else runs (an address) is left alone: the training only uses the workers
 that join it.

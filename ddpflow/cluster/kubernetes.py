@@ -13,7 +13,7 @@ from typing import Any
 from distributed.deploy import Cluster
 
 from ddpflow.cluster.extras import require_extra
-from ddpflow.cluster.tls import add_tls, refuse_per_run_tls
+from ddpflow.cluster.tls import add_tls, refuse_per_run_tls, refuse_plain_kubecluster
 from ddpflow.cluster.workers import GPU_RESOURCE, WORKER_CLI_ARGS, WORKER_ENV
 from ddpflow.config import ConfigError
 
@@ -33,12 +33,20 @@ KUBERNETES_SPEC_KEYS = (
 )
 
 
-def kubernetes_cluster(options: dict[str, Any], env: Mapping[str, str]) -> Cluster:
-    """A KubeCluster from the spec keys of `options`; the rest are KubeCluster's own."""
+def kubernetes_cluster(
+    options: dict[str, Any], env: Mapping[str, str], tls: bool = True
+) -> Cluster:
+    """A KubeCluster from the spec keys of `options`; the rest are KubeCluster's own.
+
+    Its scheduler listens on plain tcp://, so with `tls` (the default) it is refused before
+    anything is created, naming the long-lived DaskCluster with TLS instead
+    (ddpflow.cluster.tls.refuse_plain_kubecluster); `tls=False` starts it, with a warning.
+    """
+    operator = require_extra("kubernetes")
     spec_options = {k: options.pop(k) for k in KUBERNETES_SPEC_KEYS if k in options}
     refuse_per_run_tls(spec_options)
+    refuse_plain_kubecluster(tls)
     spec = kubernetes_spec(spec_options, env)
-    operator = require_extra("kubernetes")
     return operator.KubeCluster(custom_cluster_spec=spec, **options)
 
 

@@ -14,11 +14,11 @@ read, set and delete any key. Two things narrow who that is and what they can do
   fail to form.
 - The group reads and writes through a SealedStore keyed by a per-launch 128-bit token that
   the launcher makes in the flow process and sends to the ranks over Dask's own channel.
-  Every name the server holds is an HMAC of the group's name under the token, and every
-  value is encrypted and authenticated with it (sealed_store.py). Someone who connects and
-  lists the keys sees opaque names and reads opaque values; what they write is detected
-  (SealBroken) instead of believed; they cannot compute the name of a key the group will
-  read next; and nothing carries over from one launch to the next.
+  Every name the server holds is an HMAC of the group's name, and every value is encrypted
+  and authenticated with AES-SIV, each under a key drawn from the token (sealed_store.py).
+  Someone who connects and lists the keys sees opaque names and reads opaque values; what
+  they write is detected (SealBroken) instead of believed; they cannot compute the name of
+  a key the group will read next; and nothing carries over from one launch to the next.
 
 What a stranger who reaches the port can still do is stop the group (delete or overwrite
 an entry, fill the server's memory), so the store is only as available as the network

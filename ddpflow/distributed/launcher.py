@@ -18,8 +18,6 @@ from typing import Any, TypeVar
 import distributed
 
 from ddpflow.distributed.context import RankSpec, cuda_available, process_group
-from ddpflow.distributed.failures import LaunchError, RankFailure, describe
-from ddpflow.distributed.graceful_stop import GracefulNannyStop, GracefulStop, rank_running
 from ddpflow.distributed.group_store import reserve_store_port
 from ddpflow.distributed.planning import (
     RankAssignment,
@@ -29,25 +27,32 @@ from ddpflow.distributed.planning import (
 )
 from ddpflow.distributed.progress import Subscriber, follow_progress, progress_topic
 from ddpflow.distributed.reservation import reserve_workers
-from ddpflow.distributed.stale import release_stuck_ranks
-from ddpflow.distributed.supervision import (
-    cluster_workers,
-    started_event,
-    wait_all_or_first_failure,
-    wait_for_start,
+from ddpflow.distributed.supervisor.failures import FailureKind, LaunchError, RankFailure
+from ddpflow.distributed.supervisor.graceful_stop import (
+    GracefulNannyStop,
+    GracefulStop,
+    rank_running,
 )
-from ddpflow.distributed.watchdog import (
+from ddpflow.distributed.supervisor.heartbeats import (
     StepWatch,
     ask_each,
     bind_thread,
     rank_started,
     unbind_thread,
 )
+from ddpflow.distributed.supervisor.stuck_ranks import release_stuck_ranks
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION, SupervisionConfig
+from ddpflow.distributed.supervisor.watch import (
+    cluster_workers,
+    started_event,
+    wait_all_or_first_failure,
+    wait_for_start,
+)
+from ddpflow.distributed.supervisor.wording import describe, words
+from ddpflow.storage.redact import redacted_error
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
-# A fresh worker imports torch (and may initialise CUDA) on its first question: seconds.
-START_ASK_TIMEOUT_S = 60.0
 RANK_KEY_PREFIX = "ddp-rank"  # a rank task's Dask key: ddp-rank<rank>-<launch id>
 __all__ = ["LaunchError", "RankFailure", "cluster_workers", "launch"]
 
@@ -63,6 +68,7 @@ def launch(
     resources: Mapping[str, float] | None = None,
     subscribers: Sequence[Subscriber] = (),
     on_plan: Callable[[list[str]], None] | None = None,
+    supervision: SupervisionConfig = DEFAULT_SUPERVISION,
 ) -> list[R]:
     """Run `fn(ctx, *args)` on `world_size` workers as one DDP group; results by rank.
 
@@ -79,13 +85,14 @@ def launch(
     is followed once and fanned out (ddpflow.distributed.progress). Training is otherwise
     silent in the flow's log.
     `on_plan` gets the group's worker addresses, by rank, before its ranks start (the grow
-    watch of ddpflow.distributed.growth asks exactly those to stop).
+    watch of ddpflow.distributed.supervisor.growth asks exactly those to stop).
+    `supervision`: the watch's poll intervals, question timeouts and grace periods.
     """
     # Once per cluster: a worker sent SIGTERM, retired or closed by its nanny makes its group
     # checkpoint at the next control step before it goes.
-    client.register_plugin(GracefulStop())
-    client.register_plugin(GracefulNannyStop())
-    available = cluster_workers(client)
+    client.register_plugin(GracefulStop(supervision))
+    client.register_plugin(GracefulNannyStop(supervision))
+    available = cluster_workers(client, supervision.scheduler_timeout_s)
     if workers is not None:
         missing = sorted(set(workers) - set(available))
         if missing:
@@ -94,11 +101,13 @@ def launch(
     if resources:
         available = workers_with_resources(available, resources, world_size)
     size = len(plan_ranks(available, world_size))  # a world size the cluster cannot host fails now
-    with reserve_workers(client, list(available), size, wait_s=reserve_wait_s) as reserved:
+    with reserve_workers(
+        client, list(available), size, wait_s=reserve_wait_s, poll_s=supervision.reserve_poll_s
+    ) as reserved:
         plan = plan_ranks({addr: available[addr] for addr in reserved}, size)
         if on_plan is not None:
             on_plan([a.worker_address for a in plan])
-        return _run_group(client, fn, args, plan, timeout_s, resources, subscribers)
+        return _run_group(client, fn, args, plan, timeout_s, supervision, resources, subscribers)
 
 
 def _run_group(
@@ -107,13 +116,15 @@ def _run_group(
     args: tuple,
     plan: list[RankAssignment],
     timeout_s: float,
+    supervision: SupervisionConfig,
     resources: Mapping[str, float] | None = None,
     subscribers: Sequence[Subscriber] = (),
 ) -> list[R]:
     addresses = [a.worker_address for a in plan]
-    backend = choose_backend(_ask_all(client, plan, cuda_available))
+    ask_s = supervision.start_ask_timeout_s
+    backend = choose_backend(_ask_all(client, plan, ask_s, cuda_available))
     rank0 = plan[0]
-    port = _ask_all(client, plan[:1], reserve_store_port, rank0.host)[rank0.worker_address]
+    port = _ask_all(client, plan[:1], ask_s, reserve_store_port, rank0.host)[rank0.worker_address]
     launch_id = uuid.uuid4().hex[:12]
     store_token = new_store_token()
     log.info(
@@ -150,24 +161,24 @@ def _run_group(
         for a in plan
     ]
     finished = False
-    watch = StepWatch(client, plan, launch_id, timeout_s)
+    watch = StepWatch(client, plan, launch_id, timeout_s, supervision.ask_timeout_s)
+    topic = progress_topic(launch_id)
     try:
-        with follow_progress(client, progress_topic(launch_id), subscribers):
-            wait_for_start(client, plan, futures, launch_id, timeout_s)
-            wait_all_or_first_failure(client, plan, futures, watch)
+        with follow_progress(client, topic, subscribers, supervision.scheduler_timeout_s):
+            wait_for_start(client, plan, futures, launch_id, timeout_s, supervision)
+            wait_all_or_first_failure(client, plan, futures, watch, supervision)
         results = [f.result() for f in futures]
         finished = True
         return results
     except LaunchError as error:
-        error.training_started = _training_started(client, plan, watch)
+        error.training_started = _training_started(client, plan, watch, supervision)
         raise
     finally:
         # A rank pinned to a dead worker stays pending forever unless cancelled.
         client.cancel([f for f in futures if not f.done()], force=True)
         if not finished:  # the next group must not wait for this one's stuck ranks
-            release_stuck_ranks(
-                client, {a.worker_address: f.key for a, f in zip(plan, futures, strict=True)}
-            )
+            keys = {a.worker_address: f.key for a, f in zip(plan, futures, strict=True)}
+            release_stuck_ranks(client, keys, supervision)
 
 
 def new_store_token() -> str:
@@ -222,39 +233,53 @@ def _rank_main(fn: Callable[..., R], spec: RankSpec, num_threads: int, args: tup
         )
         try:
             return fn(ctx, *args)
+        except Exception as error:
+            # Redacted here, before Dask keeps a copy for its dashboard and the launcher.
+            safe = redacted_error(error)
+            if safe is error:
+                raise
+            raise safe from None
         finally:
             unbind_thread()
 
 
 def _ask_all(
-    client: distributed.Client, plan: list[RankAssignment], fn: Callable[..., R], *args: Any
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    timeout_s: float,
+    fn: Callable[..., R],
+    *args: Any,
 ) -> dict[str, R]:
-    """`fn(*args)` on each rank's worker, bounded; a worker that does not answer fails the
-    launch."""
+    """`fn(*args)` on each rank's worker, bounded by `timeout_s`; a worker that does not
+    answer fails the launch."""
     workers = [a.worker_address for a in plan]
-    answers = ask_each(client, fn, *args, workers=workers, timeout_s=START_ASK_TIMEOUT_S)
+    answers = ask_each(client, fn, *args, workers=workers, timeout_s=timeout_s)
     failures = [
         RankFailure(
             a.rank,
             a.worker_address,
-            f"its worker did not answer {fn.__name__}() within {START_ASK_TIMEOUT_S:g}s "
-            "(hung, overloaded or cut off)",
+            FailureKind.DID_NOT_START,
+            words("no_answer", question=fn.__name__, timeout_s=timeout_s),
         )
         for a in plan
         if a.worker_address not in answers
     ]
     if failures:
-        raise LaunchError(describe("could not start", failures), failures)
+        raise LaunchError(describe("group_could_not_start", failures), failures)
     return answers
 
 
 def _training_started(
-    client: distributed.Client, plan: list[RankAssignment], watch: StepWatch
+    client: distributed.Client,
+    plan: list[RankAssignment],
+    watch: StepWatch,
+    supervision: SupervisionConfig,
 ) -> bool:
     """Whether any rank made a step: a last look catches ranks that stepped and then failed
     between two checks; a worker that is gone takes with it only what was seen before."""
     try:
-        watch.refresh([a for a in plan if a.worker_address in cluster_workers(client)])
+        present = cluster_workers(client, supervision.scheduler_timeout_s)
+        watch.refresh([a for a in plan if a.worker_address in present])
     except Exception as error:  # noqa: BLE001 - the group's own failure must come through
         log.warning("could not ask the workers whether training had started: %s", error)
     return watch.training_started

@@ -20,7 +20,6 @@ from typing import Any
 import distributed
 
 log = logging.getLogger(__name__)
-EVENTS_S = 30.0  # the scheduler answers in milliseconds unless it is gone
 
 
 @dataclass(frozen=True)
@@ -139,10 +138,14 @@ def line_subscriber(on_line: Callable[[str], None]) -> Subscriber:
 
 @contextlib.contextmanager
 def follow_progress(
-    client: distributed.Client, topic: str, subscribers: Sequence[Subscriber]
+    client: distributed.Client,
+    topic: str,
+    subscribers: Sequence[Subscriber],
+    scheduler_timeout_s: float,
 ) -> Iterator[None]:
     """Hand the group's progress events to each subscriber while it runs, then those that had
-    not arrived yet (events reach subscribers asynchronously; the scheduler keeps them).
+    not arrived yet (events reach subscribers asynchronously; the scheduler keeps them, and
+    answers within `scheduler_timeout_s` unless it is gone).
 
     Each event reaches every subscriber once, in the order sent; one subscriber failing
     neither stops the others nor the launch.
@@ -175,7 +178,9 @@ def follow_progress(
         client.unsubscribe_topic(topic)
         try:
             # client.get_events() would wait for the scheduler without a bound.
-            events = client.sync(client.scheduler.events, topic=topic, callback_timeout=EVENTS_S)
+            events = client.sync(
+                client.scheduler.events, topic=topic, callback_timeout=scheduler_timeout_s
+            )
             for event in events:
                 deliver(event)
         except Exception as error:  # noqa: BLE001 - progress must never fail the launch

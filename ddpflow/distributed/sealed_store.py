@@ -4,15 +4,17 @@ A TCPStore serves anyone who reaches its port, `list_keys()` included, so a pref
 hides nothing from a stranger who lists the keys (group_store's docstring). The group
 therefore talks to rank 0's store through this wrapper:
 
-- Names: each key is stored under HMAC-SHA256(token, name), 128 bits in hex. A listed
+- Keys: two independent keys are drawn from the token with HKDF-SHA256 (RFC 5869), one
+  per use below, so neither use can be turned against the other.
+- Names: each key is stored under HMAC-SHA256(name key, name), 128 bits in hex. A listed
   name says nothing of the key, and a stranger cannot compute the name of a key the group
   will read next (a forged `ddpflow/main-io/1/checkpoint` lands under a name nobody reads).
-- Values: deterministic authenticated encryption (SIV built from HMAC-SHA256, stdlib only):
-  the value's 128-bit MAC over (name, value) is its IV, and the value is XORed with an
-  HMAC keystream drawn from that IV. A stranger who reads a value learns nothing of it, and
-  a value written or moved by anyone without the token fails its check and raises
-  `SealBroken`, naming the key, instead of being believed. Deterministic, so that
-  compare_set, which the server decides by comparing bytes, still works.
+- Values: AES-SIV (RFC 5297, `cryptography`'s AESSIV), a deterministic authenticated
+  cipher, with the key's plain name as associated data. A stranger who reads a value learns
+  nothing of it, and a value written by anyone without the token, or a sealed value moved
+  to another name, fails its check and raises `SealBroken`, naming the key, instead of
+  being believed. Deterministic, so that compare_set, which the server decides by comparing
+  bytes, still works.
 - Counters (`add`) are plain integers on the server, as they must be for it to add; their
   names are sealed. A stranger can still delete or overwrite any listed entry: that stops
   the group (a rank fails with SealBroken or times out), it cannot steer it.
@@ -23,17 +25,23 @@ main_io uses set, get and check. What a store cannot seal (append, the queues) r
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 
 import torch.distributed as dist
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-IV_BYTES = 16
 NAME_BYTES = 16
-_BLOCK = hashlib.sha256().digest_size
+NAME_KEY_BYTES = 32  # as long as HMAC-SHA256's output
+SIV_KEY_BYTES = 64  # AES-256-SIV: a CMAC key and a CTR key of 256 bits each
+# Put before every plain value: it names this format, and it keeps the plaintext non-empty,
+# as older cryptography releases require of AESSIV (the group may store an empty value).
+FORMAT = b"\x01"
 
 
 class SealBroken(RuntimeError):
@@ -41,8 +49,12 @@ class SealBroken(RuntimeError):
     token wrote it."""
 
 
-def _derive(token: str, purpose: bytes) -> bytes:
-    return hmac.digest(token.encode(), b"ddpflow group store: " + purpose, "sha256")
+def _derive(token: str, purpose: bytes, length: int) -> bytes:
+    """A key for one `purpose`, independent of the others drawn from the same token."""
+    info = b"ddpflow group store: " + purpose
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(
+        token.encode()
+    )
 
 
 def _as_bytes(value: bytes | str) -> bytes:
@@ -56,9 +68,8 @@ class SealedStore(dist.Store):
         super().__init__()
         self.underlying_store = underlying_store
         self._token = token
-        self._name_key = _derive(token, b"names")
-        self._iv_key = _derive(token, b"iv")
-        self._stream_key = _derive(token, b"stream")
+        self._name_key = _derive(token, b"names", NAME_KEY_BYTES)
+        self._cipher = AESSIV(_derive(token, b"values", SIV_KEY_BYTES))
 
     def __repr__(self) -> str:  # the token stays out of any log of this object
         return f"SealedStore({self.underlying_store!r})"
@@ -68,35 +79,24 @@ class SealedStore(dist.Store):
         return hmac.digest(self._name_key, key.encode(), "sha256")[:NAME_BYTES].hex()
 
     def seal(self, key: str, value: bytes | str) -> bytes:
-        plain = _as_bytes(value)
-        iv = self._iv(key, plain)
-        return iv + self._xor(iv, plain)
+        # No nonce: the same (key, value) seals to the same bytes, which compare_set needs.
+        # The key's plain name as associated data ties the value to it: moved under another
+        # name, it fails to open.
+        return self._cipher.encrypt(FORMAT + _as_bytes(value), [key.encode()])
 
     def unseal(self, key: str, sealed: bytes) -> bytes:
-        iv, body = sealed[:IV_BYTES], sealed[IV_BYTES:]
-        plain = self._xor(iv, body) if len(iv) == IV_BYTES else b""
-        if len(iv) < IV_BYTES or not hmac.compare_digest(iv, self._iv(key, plain)):
+        try:
+            plain: bytes | None = self._cipher.decrypt(sealed, [key.encode()])
+        except InvalidTag:  # forged, moved from another name, or cut short
+            plain = None
+        if plain is None or not plain.startswith(FORMAT):
             raise SealBroken(
                 f"the group's store holds a value for {key!r} that this launch did not write: "
                 "someone without the launch's token wrote to rank 0's store. Keep the "
                 "workers' network private (docs/security.md, 'What a training opens on the "
                 "network')"
             )
-        return plain
-
-    def _iv(self, key: str, plain: bytes) -> bytes:
-        return hmac.digest(self._iv_key, key.encode() + b"\0" + plain, "sha256")[:IV_BYTES]
-
-    def _xor(self, iv: bytes, data: bytes) -> bytes:
-        if not data:
-            return b""
-        blocks = -(-len(data) // _BLOCK)
-        stream = b"".join(
-            hmac.digest(self._stream_key, iv + i.to_bytes(4, "big"), "sha256")
-            for i in range(blocks)
-        )
-        mixed = int.from_bytes(data, "big") ^ int.from_bytes(stream[: len(data)], "big")
-        return mixed.to_bytes(len(data), "big")
+        return plain[len(FORMAT) :]
 
     @contextmanager
     def _named_errors(self, keys: Sequence[str]) -> Iterator[None]:

@@ -1,1 +1,2 @@
-"""The model registry: registration, reading without running code, promotion."""
+"""The model registry: registration, reading without running code, loading a registered
+model with its digest checked and pickle refused, promotion."""

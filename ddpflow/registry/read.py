@@ -2,11 +2,13 @@
 
 A registered version can carry code (`code_paths`, pickled classes) that
 `mlflow.<flavor>.load_model` imports; anyone allowed to register a version and move an alias
-could run that code in whatever loads the model. ddpflow never loads registered models:
-every version it registers is tagged with the ddpflow checkpoint it was made from (a plain
-state_dict plus model config, read with `torch.load(weights_only=True)`), and that
+could run that code in whatever loads the model. ddpflow's flows never load registered
+models: every version it registers is tagged with the ddpflow checkpoint it was made from (a
+plain state_dict plus model config, read with `torch.load(weights_only=True)`), and that
 checkpoint is what gets scored. Versions registered before that tag existed are found
-through their source run's latest-checkpoint tag.
+through their source run's latest-checkpoint tag. A user who wants the registered model
+itself loads it through `ddpflow.registry.load`, which checks its files' digest and refuses
+pickle.
 """
 
 from __future__ import annotations

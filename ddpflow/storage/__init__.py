@@ -121,6 +121,20 @@ def list_names(uri: str) -> list[str]:
     return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False))
 
 
+def folder_usage(uri: str, suffix: str = "") -> tuple[int, int]:
+    """(files, bytes) directly under a folder URI whose names end with `suffix` ((0, 0)
+    when it does not exist): what a run keeps there, for its summary."""
+    fs, path = url_to_fs(uri)
+    if not fs.exists(path):
+        return 0, 0
+    sizes = [
+        int(entry.get("size") or 0)
+        for entry in fs.ls(path, detail=True)
+        if entry.get("type") == "file" and entry["name"].endswith(suffix)
+    ]
+    return len(sizes), sum(sizes)
+
+
 def save_torch(uri: str, obj: Any) -> int:
     """torch.save to a URI atomically; returns the number of bytes written."""
     import torch  # here, not at the top: the flow process imports storage and needs no torch

@@ -214,3 +214,31 @@ def clean_cause(error: BaseException) -> BaseException | None:
             return None
         link = link.__cause__ or link.__context__
     return error
+
+
+class RedactedError(RuntimeError):
+    """Stands in for an error whose own type cannot be rebuilt from a redacted message; its
+    text starts with the original type's name."""
+
+
+def redacted_error(error: Exception) -> Exception:
+    """`error` where its text and its chain's hold no credential, else an error of the same
+    type (where its constructor takes one message) with the redacted text, no chain.
+
+    For errors raised where a copy is kept out of ddpflow's reach: Dask stores a failed
+    task's exception on the scheduler and serves its text to whoever opens the dashboard's
+    /info pages, so a rank's error is redacted before it leaves the rank. The type is kept
+    where possible because what the supervisor does next depends on it.
+    """
+    if clean_cause(error) is error:
+        return error
+    message = redact_text(str(error))
+    try:
+        safe: Exception = type(error)(message)
+        if str(safe) != message:  # a constructor that formats its arguments its own way
+            raise TypeError(type(error).__name__)
+    except Exception:  # noqa: BLE001 - any constructor that does not take one message
+        safe = RedactedError(error_text(error))
+    safe.__traceback__ = error.__traceback__
+    safe.__suppress_context__ = True
+    return safe

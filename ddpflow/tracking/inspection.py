@@ -161,18 +161,33 @@ def describe_run(run: RunRef, description: str) -> None:
     MlflowClient(run.tracking_uri).set_tag(run.run_id, NOTE_TAG, description)
 
 
+# MLflow 3.17's UI opens in its GenAI mode (traces, an assistant) for a browser that has
+# not picked a mode, whatever the experiment's `mlflow.experimentKind` tag says; this query
+# parameter selects its "Model training" mode, as a click on it would.
+TRAINING_VIEW = "?workflowType=machine_learning"
+
+
 def run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """The run's page in the MLflow UI, or a `runs:/` URI when the store has no UI address."""
+    """The run's page in the MLflow UI's training view, or a `runs:/` URI when the store has
+    no UI address."""
     base = redact_url(tracking_uri).rstrip("/")
     if base.startswith(("http://", "https://")):
-        return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{TRAINING_VIEW}"
     return f"runs:/{run_id}"
+
+
+def experiment_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs table in the MLflow UI, or its id when the store has no UI."""
+    base = redact_url(tracking_uri).rstrip("/")
+    if base.startswith(("http://", "https://")):
+        return f"{base}/#/experiments/{experiment_id}{TRAINING_VIEW}"
+    return f"experiment {experiment_id}"
 
 
 def model_version_url(tracking_uri: str, model_name: str, version: str) -> str:
     base = redact_url(tracking_uri).rstrip("/")
     if base.startswith(("http://", "https://")):
-        return f"{base}/#/models/{model_name}/versions/{version}"
+        return f"{base}/#/models/{model_name}/versions/{version}{TRAINING_VIEW}"
     return f"models:/{model_name}/{version}"
 
 

@@ -10,15 +10,16 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from mlflow.entities import Metric, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ddpflow.storage.redact import redact_text
+from ddpflow.storage.redact import error_text, redact_text
 from ddpflow.tracking.one_try import OneTryCalls
 from ddpflow.tracking.spool import (
     FLUSH_TIMEOUT_ENV,
@@ -51,6 +52,8 @@ class MetricLogger(Protocol):
         self, local_path: str, artifact_path: str | None = None, origin: str | None = None
     ) -> None: ...
 
+    def keep_artifacts(self, artifact_path: str, names: Sequence[str]) -> None: ...
+
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
 
 
@@ -63,6 +66,9 @@ class NullLogger:
     def log_artifact(
         self, local_path: str, artifact_path: str | None = None, origin: str | None = None
     ) -> None:
+        pass
+
+    def keep_artifacts(self, artifact_path: str, names: Sequence[str]) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
@@ -83,6 +89,9 @@ class MlflowLogger:
         self, local_path: str, artifact_path: str | None = None, origin: str | None = None
     ) -> None:
         self.client.log_artifact(self.run.run_id, local_path, artifact_path)
+
+    def keep_artifacts(self, artifact_path: str, names: Sequence[str]) -> None:
+        OneTryCalls(self.run.tracking_uri, self.run.run_id).keep_artifacts(artifact_path, names)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         self.client.log_batch(self.run.run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
@@ -139,6 +148,11 @@ class BackgroundMlflowLogger:
         name = "/".join(p for p in (artifact_path, os.path.basename(local_path)) if p)
         body = {"artifact_path": artifact_path}
         self._add("artifact", f"artifact {name}", body, file=local_path, origin=origin)
+
+    def keep_artifacts(self, artifact_path: str, names: Sequence[str]) -> None:
+        """Delete the run's files in `artifact_path` but `names`, after every call before."""
+        body = {"artifact_path": artifact_path, "names": list(names)}
+        self._add("keep", f"pruning {artifact_path}/ to {', '.join(names)}", body)
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         tags = {k: str(v) for k, v in tags.items()}
@@ -232,8 +246,22 @@ class BackgroundMlflowLogger:
         elif entry.kind == "artifact":
             assert entry.file is not None
             self._calls.log_artifact(entry.file, entry.body["artifact_path"])
+        elif entry.kind == "keep":
+            self._prune(entry)
         else:
             self._calls.log_batch(tags=[RunTag(k, v) for k, v in entry.body["tags"].items()])
+
+    def _prune(self, entry: Entry) -> None:
+        """Best effort: a store that refuses deletes (a read-only or append-only artifact
+        store, a user without the permission) keeps older copies, and the calls after this
+        one must not wait on it as they would on an outage."""
+        try:
+            self._calls.keep_artifacts(entry.body["artifact_path"], entry.body["names"])
+        except Exception as error:  # noqa: BLE001 - see above
+            if not _outage_like(error):
+                log.warning("MLflow kept older copies (%s): %s", entry.what, error_text(error))
+                return
+            raise
 
     def _last_step_logged_before(self, key: str) -> int:
         if key not in self._logged_before:
@@ -293,3 +321,15 @@ def flush_logger(logger: MetricLogger, timeout_s: float = CHECKPOINT_FLUSH_TIMEO
             "written anyway, and the calls are still sent while training goes on",
             timeout_s,
         )
+
+
+def _outage_like(error: Exception) -> bool:
+    """Whether a failed call may succeed later (a server down or overloaded), as opposed to
+    one the store refuses for good (a 4xx answer, or no delete in that kind of store)."""
+    if isinstance(error, NotImplementedError):
+        return False
+    response = getattr(error, "response", None)  # requests' HTTPError
+    status = getattr(response, "status_code", None)
+    if status is None and isinstance(error, MlflowException):
+        status = error.get_http_status_code()
+    return not (isinstance(status, int) and 400 <= status < 500 and status not in (408, 429))

@@ -115,6 +115,17 @@ class OneTryCalls:
             )  # fmt: skip
         augmented_raise_for_status(response)
 
+    def keep_artifacts(self, artifact_path: str, names: Sequence[str]) -> None:
+        """Delete the run's files directly in `artifact_path` whose names are not `names`.
+
+        Through the artifact repository's own delete (a tracking server's proxied
+        artifacts take a DELETE per file): so the checkpoints MLflow holds follow the
+        checkpoint store's `keep_last` instead of growing by one per epoch."""
+        repo = self._repo()
+        for info in repo.list_artifacts(artifact_path):
+            if not info.is_dir and posixpath.basename(info.path) not in names:
+                repo.delete_artifacts(info.path)
+
     def _repo(self) -> Any:
         if self._artifact_repo is None:
             if self._server:

@@ -48,7 +48,7 @@ class Unsent:
 @dataclass(frozen=True)
 class Entry:
     seq: int
-    kind: str  # "metrics", "artifact" or "tags"
+    kind: str  # "metrics", "artifact", "keep" (prune artifacts) or "tags"
     what: str
     body: dict[str, Any]
     file: str | None  # an artifact's copy in the folder

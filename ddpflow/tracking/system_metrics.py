@@ -45,7 +45,19 @@ def rank_system_metrics(
             _stop(monitor, run)
 
 
+def _quiet_mlflow_monitor() -> None:
+    """MLflow's monitor says "Started monitoring system metrics.", "Skip logging GPU
+    metrics..." and two lines at its stop, at INFO, per rank and attempt, in MLflow's own
+    log format: noise in a flow's output. Shown at WARNING and above unless the user set
+    the `mlflow.system_metrics` logger's level (DEBUG shows them again)."""
+    monitor_log = logging.getLogger("mlflow.system_metrics")
+    if monitor_log.level == logging.NOTSET:
+        monitor_log.setLevel(logging.WARNING)
+
+
 def _start(run: RunRef, rank: int, sampling_interval_s: float) -> SystemMetricsMonitor | None:
+    _quiet_mlflow_monitor()
+
     def start() -> SystemMetricsMonitor:
         # resume_logging: a restarted attempt continues the step count of the one before.
         monitor = SystemMetricsMonitor(

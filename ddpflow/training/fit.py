@@ -20,8 +20,7 @@ from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S, CheckpointSched
 from ddpflow.checkpoint.store import Stateful
 from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.training.context import TrainContext
-from ddpflow.training.loop import FitHooks, FitPlan
-from ddpflow.training.loop import fit as _fit_loop
+from ddpflow.training.loop import FitHooks, FitPlan, fit_loop
 from ddpflow.training.result import EpochStats
 from ddpflow.training.samples import Samples
 
@@ -95,7 +94,7 @@ def fit(
         resume_at=position,
         global_batch=global_batch,
     )
-    return _fit_loop(
+    return fit_loop(
         model=model,
         optimizer=optimizer,
         train=train,

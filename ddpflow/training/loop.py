@@ -1,4 +1,5 @@
-"""fit(): the training loop. It receives built objects; it parses no config and builds nothing.
+"""fit_loop(): the training loop under ddpflow.fit. It receives built objects; it parses no
+config and builds nothing.
 
 Works unchanged for 1 and N ranks: collectives on a group of one are no-ops, and the only
 rank-dependent behaviour (logging, checkpoint writes) comes in through `logger` (a no-op on
@@ -28,10 +29,10 @@ from ddpflow.checkpoint.steps import (
 )
 from ddpflow.checkpoint.store import unwrap
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.graceful_stop import StopRequested
+from ddpflow.distributed.supervisor.graceful_stop import StopRequested
 from ddpflow.tracking.loggers import MetricLogger, flush_logger
 from ddpflow.training.batching import epoch_batches, step_sizes
-from ddpflow.training.progress import FitProgress
+from ddpflow.training.fit_progress import FitProgress
 from ddpflow.training.result import EpochStats
 from ddpflow.training.samples import Samples
 from ddpflow.training.speed.device import TrainSpeed
@@ -82,7 +83,7 @@ class FitHooks:
     loss: Loss | None = None
 
 
-def fit(
+def fit_loop(
     *,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -128,7 +129,8 @@ def fit(
     known = history[-1].last_step if history and plan.start_epoch > 0 else None
     next_step = known if known is not None else plan.start_epoch * steps_per_epoch
     at = position.global_step if position is not None else None
-    # One point per attempt: a change of size shows where it happened (ddpflow.distributed.growth).
+    # One point per attempt: a change of size shows where it happened (a grow:
+    # ddpflow.distributed.supervisor.growth).
     logger.log_metrics({"world_size": float(ctx.world_size)}, step=next_step if at is None else at)
     for epoch in range(plan.start_epoch, plan.epochs):
         started = time.perf_counter()
@@ -177,9 +179,7 @@ def fit(
         # A stop asked for during the epoch (a leaving worker, a grow) is taken here too: an
         # epoch shorter than a control interval has no control step inside it.
         if epoch + 1 < plan.epochs and (stop := clock.stop_requested()) is not None:
-            raise StopRequested(
-                f"{stop}; the group checkpointed at the end of epoch {epoch + 1} and resumes there"
-            )
+            raise StopRequested(stop, epoch=epoch + 1)
     return history
 
 
@@ -310,9 +310,6 @@ def _train_epoch(
             )
             checkpoints.write(ctx, logger, position)
         if stop is not None:
-            raise StopRequested(
-                f"{stop}; the group checkpointed at epoch {epoch + 1} step {i + 1} and "
-                "resumes there"
-            )
+            raise StopRequested(stop, epoch=epoch + 1, step=i + 1)
     all_reduce_sum(loss_sum, ctx)
     return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1]), first_step + end

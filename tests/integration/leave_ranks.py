@@ -10,7 +10,7 @@ import distributed
 
 from ddpflow.checkpoint.steps import CheckpointClock, CheckpointSchedule
 from ddpflow.distributed import RankContext
-from ddpflow.distributed.graceful_stop import StopRequested
+from ddpflow.distributed.supervisor.graceful_stop import StopRequested
 
 CONTROL_EVERY = 20
 
@@ -35,5 +35,5 @@ def steps_until_asked(ctx: RankContext, state_dir: str, steps: int, step_s: floa
             with ctx.rank0_io("checkpoint"):
                 if ctx.is_main:
                     marker.write_text(str(step))
-            raise StopRequested(f"{stop}; the group checkpointed at step {step}")
+            raise StopRequested(stop, step=step)
     return start

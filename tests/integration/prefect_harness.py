@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -46,15 +46,22 @@ def database_files(api_url: str) -> list[Path]:
 
 
 @contextmanager
-def prefect_server(template: Path, startup_timeout_s: float = 180) -> Iterator[str]:
+def prefect_server(
+    template: Path, startup_timeout_s: float = 180, changes: Mapping[str, str | None] | None = None
+) -> Iterator[str]:
     """A Prefect server on a copy of `template` (a migrated database) while the block runs;
     yields its API URL. No setting of this process changes: `api_of_this_process` makes it
-    the API for a block."""
+    the API for a block. `changes` to the server's environment (None removes a variable)."""
     home = Path(tempfile.mkdtemp(prefix="ddpflow-test-prefect-"))
     shutil.copyfile(template, home / "prefect.db")
     env = {**server_env(), "PREFECT_HOME": str(home)}
     for name in DATABASE_URL_VARIABLES:
         env.pop(name, None)
+    for name, value in (changes or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     port, server = start_server(env)
     url = f"http://127.0.0.1:{port}/api"
     try:

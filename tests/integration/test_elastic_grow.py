@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 
 import ddpflow
 from ddpflow.cluster.build import local_cluster
-from ddpflow.distributed.supervision import cluster_workers
+from ddpflow.distributed.supervisor.watch import cluster_workers
 from tests.integration.grow_functions import EPOCHS, SAMPLES, recorded_fit, samples_by_epoch
 
 SETTLE_S = 5.0

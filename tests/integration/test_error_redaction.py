@@ -13,7 +13,7 @@ import distributed
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.distributed.elastic import Restart, RestartsExhausted, launch_with_restarts
+from ddpflow.distributed.supervisor.relaunch import Restart, RestartsExhausted, launch_with_restarts
 from ddpflow.tracking.run import log_restart, start_run
 from ddpflow.workloads.charlm.data import FormattedCorpus
 from ddpflow.workloads.sweep.config import validate_trial
@@ -26,6 +26,7 @@ from ddpflow.workloads.sweep.execute import (
 )
 from infra.procs import free_port
 from tasks.restarts import restarts_markdown
+from tests.integration.as_stranger import run_as_stranger
 from tests.integration.rank_functions import mlflow_fails_once
 
 pytestmark = pytest.mark.integration
@@ -95,6 +96,38 @@ def test_the_error_a_failed_training_raises_is_redacted(
     assert "http://alice:***@127.0.0.1:" in printed
     assert_clean(printed)
     assert_clean(caplog.text)
+    # Dask's own copy, which its dashboard's /info pages serve: redacted in the rank.
+    kept = dask_client.run_on_scheduler(_erred_task_texts)
+    assert any("http://alice:***@127.0.0.1:" in text for text in kept), kept
+    for text in kept:
+        assert_clean(text)
+
+
+def _erred_task_texts(dask_scheduler: distributed.Scheduler) -> list[str]:
+    return [f"{t.exception_text}\n{t.traceback_text}" for t in dask_scheduler.erred_tasks]
+
+
+@pytest.mark.timeout(60)
+def test_another_local_user_gets_no_info_pages_from_the_dashboard(
+    dask_client: distributed.Client,
+) -> None:
+    """Run as `nobody`: the dashboard answers, its /info pages (failed tasks' errors, logs,
+    call stacks) do not."""
+    base = dask_client.dashboard_link.removesuffix("/status")
+    paths = ["/health", "/info/main/exceptions.html", "/info/main/workers.html", "/info/logs"]
+    answers = dict(zip(paths, run_as_stranger(FETCH_STATUS, base, *paths).split(), strict=True))
+    assert answers["/health"] == "200", answers
+    assert {answers[p] for p in paths[1:]} == {"404"}, answers
+
+
+FETCH_STATUS = """
+import sys, urllib.error, urllib.request
+for path in sys.argv[2:]:
+    try:
+        print(urllib.request.urlopen(sys.argv[1] + path, timeout=10).status)
+    except urllib.error.HTTPError as error:
+        print(error.code)
+"""
 
 
 def test_a_crashed_trial_records_its_error_redacted(

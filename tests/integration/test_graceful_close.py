@@ -14,7 +14,7 @@ import distributed
 import pytest
 
 from ddpflow.cluster.build import local_cluster
-from ddpflow.distributed.elastic import Restart, launch_with_restarts
+from ddpflow.distributed.supervisor.relaunch import Restart, launch_with_restarts
 from tests.integration.leave_ranks import CONTROL_EVERY, steps_until_asked
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ import pytest
 
 from ddpflow.cluster.build import local_cluster
 from ddpflow.cluster.workers import WORKER_CLI_ARGS, WORKER_ENV
-from ddpflow.distributed.supervision import cluster_workers
+from ddpflow.distributed.supervisor.watch import cluster_workers
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.dask_service import LOOPBACK_HTTP

@@ -1,5 +1,6 @@
-"""The SIGTERM handler of ddpflow.distributed.graceful_stop, in a real child process that sends
-itself the signal: it exits at once without a rank, and only after its rank is done with one."""
+"""The SIGTERM handler of ddpflow.distributed.supervisor.graceful_stop, in a real child process
+that sends itself the signal: it exits at once without a rank, and only after its rank is done
+with one."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ pytestmark = pytest.mark.integration
 
 CHILD = """
 import os, signal, sys, threading, time
-from ddpflow.distributed import graceful_stop
+from ddpflow.distributed.supervisor import graceful_stop
 
-graceful_stop.RESULT_DELAY_S = 0.0
-assert graceful_stop.install("tcp://w:1", grace_s={grace})
+from ddpflow.distributed.supervisor.timings import SupervisionConfig
+
+timings = SupervisionConfig(grace_s={grace}, result_delay_s=0.0)
+assert graceful_stop.install("tcp://w:1", timings)
 rank_seconds = {rank_seconds}
 done = threading.Event()
 

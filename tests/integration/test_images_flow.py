@@ -132,6 +132,7 @@ def test_validation_accuracy_is_well_above_chance(trained):
     assert final >= MIN_VAL_ACCURACY, val_accuracy
     assert final == pytest.approx(val_accuracy[-1][1], abs=1e-6), "same model, same number"
     assert f"val accuracy       {final:.2%}" in trained["output"]
+    assert "majority-class baseline" in trained["output"] and "WARNING" not in trained["output"]
 
 
 def test_per_step_metrics_and_lr_scaled_by_world_size(trained):

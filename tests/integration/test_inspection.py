@@ -23,8 +23,15 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
+from ddpflow.tracking.inspection import (
+    TRAINING_VIEW,
+    experiment_url,
+    model_version_url,
+    run_url,
+)
 from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
+from flows.summary import mlflow_ui_hint
 from infra.services import free_port, start_mlflow, start_prefect_server, stop
 from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.conftest import REPO, run_in_process
@@ -176,6 +183,7 @@ def test_registered_version_says_what_it_is_on_which_data_and_how_good(trained):
     run_link = version.tags["ddpflow.run_link"]
     assert run_link == (
         f"{trained['mlflow_url']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+        f"{TRAINING_VIEW}"
     )
     assert httpx.get(trained["mlflow_url"], timeout=30).status_code == 200
     # The first retraining has no champion to face: it is promoted, and says so.
@@ -221,12 +229,9 @@ def chromium() -> str:
 
 
 def render(url: str, screenshot: Path | None = None, budget_ms: int = 20000) -> str:
-    """The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time.
-
-    A fresh browser profile starts in the UI's GenAI mode; `workflowType` selects the
-    "Model training" mode, as a user's click on it would.
-    """
-    url = f"{url}?workflowType=machine_learning"
+    """The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time, in a
+    fresh browser profile (which MLflow's UI opens in its GenAI mode unless the link says
+    otherwise: ddpflow's links do)."""
     base = [
         chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
         "--window-size=1400,1000", f"--virtual-time-budget={budget_ms}",
@@ -245,7 +250,7 @@ def render(url: str, screenshot: Path | None = None, budget_ms: int = 20000) -> 
 @pytest.mark.browser
 def test_run_page_shows_the_datasets(trained, screenshots):
     run = trained["run"]
-    url = f"{trained['mlflow_url']}/#/experiments/{run.info.experiment_id}/runs/{run.info.run_id}"
+    url = run_url(trained["mlflow_url"], run.info.experiment_id, run.info.run_id)
     dom = render(url, screenshots / "mlflow-run.png")
     assert "pet-names-train" in dom
     assert run.info.run_name in dom
@@ -257,7 +262,7 @@ def test_system_metrics_tab_shows_a_chart_per_rank(trained, screenshots):
     run = trained["run"]
     url = (
         f"{trained['mlflow_url']}/#/experiments/{run.info.experiment_id}/runs/"
-        f"{run.info.run_id}/system-metrics"
+        f"{run.info.run_id}/system-metrics{TRAINING_VIEW}"
     )
     dom = render(url, screenshots / "mlflow-system-metrics.png")
     # The tab groups the charts by prefix, one section per rank: "system/rank0 (8)".
@@ -268,7 +273,23 @@ def test_system_metrics_tab_shows_a_chart_per_rank(trained, screenshots):
 
 @pytest.mark.browser
 def test_model_version_page_shows_the_alias_and_description(trained, screenshots):
-    url = f"{trained['mlflow_url']}/#/models/{MODEL}/versions/1"
+    url = model_version_url(trained["mlflow_url"], MODEL, "1")
     dom = render(url, screenshots / "mlflow-model-version.png")
     assert "champion" in dom
     assert "final_val_loss" in dom
+
+
+@pytest.mark.browser
+def test_the_links_ddpflow_gives_open_the_training_view(trained, screenshots):
+    run = trained["run"]
+    link = mlflow_ui_hint(trained["mlflow_url"], run.info.run_id).removeprefix("open ")
+    dom = render(link)
+    assert run.info.run_name in dom and "Model metrics" in dom, dom[-3000:]
+    links = artifact(trained, "charlm-mlflow")["data"]
+    experiment = experiment_url(trained["mlflow_url"], run.info.experiment_id)
+    assert experiment in links
+    dom = render(experiment, screenshots / "mlflow-experiment.png")
+    assert run.info.run_name in dom and "Run Name" in dom, "the runs table"
+    assert "Detect Issues" not in dom, dom[-3000:]
+    # What the query is for: a fresh browser opens the bare experiment on GenAI's overview.
+    assert "Detect Issues" in render(experiment.removesuffix(TRAINING_VIEW))

@@ -5,6 +5,7 @@ which is why these live here and not with the other infra/ checks in tests/unit.
 from __future__ import annotations
 
 import json
+import stat
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,46 @@ def test_a_job_scripts_workers_fork_from_a_preloaded_server(tmp_path: Path) -> N
     }
     worker = job_script(options).splitlines()[-1]
     assert " ".join(WORKER_CLI_ARGS) in worker and "--lifetime 2h" in worker, worker
+
+
+def test_a_job_script_names_the_runs_credentials_but_holds_none(tmp_path: Path) -> None:
+    """The default jobqueue cluster is tls://: its job script names the run's certificate,
+    key and CA, which lie in a 0700 folder of 0600 files, and holds no key material (the
+    script is written to a temporary file before submission, and Slurm keeps a copy); the
+    flow's own client gets in with them; the folder goes when the cluster closes."""
+    import distributed
+
+    from ddpflow.cluster.build import build_cluster
+
+    options = {"cores": 1, "memory": "1GB", "shared_temp_directory": str(tmp_path)}
+    cluster = build_cluster("jobqueue", options | {"scheduler_options": {"host": "127.0.0.1"}})
+    try:
+        assert cluster.scheduler_address.startswith("tls://127.0.0.1:")
+        script = cluster.job_script()
+        assert "PRIVATE KEY" not in script and "BEGIN" not in script
+        worker = script.splitlines()[-1].split()
+        flags = ("--tls-ca-file", "--tls-cert", "--tls-key")
+        files = {flag: Path(worker[worker.index(flag) + 1]) for flag in flags}
+        (folder,) = {path.parent for path in files.values()}
+        assert folder.parent == tmp_path and stat.S_IMODE(folder.stat().st_mode) == 0o700
+        assert {stat.S_IMODE(path.stat().st_mode) for path in files.values()} == {0o600}
+        assert "PRIVATE KEY" in files["--tls-key"].read_text()
+        with distributed.Client(cluster, timeout=10) as client:
+            assert client.scheduler_info()["address"] == cluster.scheduler_address
+    finally:
+        cluster.close()
+    assert not folder.exists(), "the credentials outlived their cluster"
+
+
+def test_with_tls_off_a_job_script_is_plain_tcp_and_nothing_is_written(tmp_path: Path) -> None:
+    from ddpflow.cluster.build import build_cluster
+
+    options = {"cores": 1, "memory": "1GB", "shared_temp_directory": str(tmp_path)}
+    options |= {"scheduler_options": {"host": "127.0.0.1"}}
+    cluster = build_cluster("jobqueue", options, tls=False)
+    try:
+        worker = cluster.job_script().splitlines()[-1]
+        assert " tcp://127.0.0.1:" in worker and "--tls-" not in worker, worker
+        assert not list(tmp_path.iterdir())
+    finally:
+        cluster.close()

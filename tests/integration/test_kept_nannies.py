@@ -22,7 +22,7 @@ import distributed
 import pytest
 
 from ddpflow.cluster.build import local_cluster
-from ddpflow.distributed.supervision import cluster_workers
+from ddpflow.distributed.supervisor.watch import cluster_workers
 
 pytestmark = pytest.mark.integration
 

@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 from ddpflow.api import rank_entry
 from ddpflow.distributed import LaunchError, RankContext, launch
-from ddpflow.distributed.elastic import RepeatedFailure, launch_with_restarts
 from ddpflow.distributed.progress import Progress, line_subscriber
+from ddpflow.distributed.supervisor.relaunch import RepeatedFailure, launch_with_restarts
+from ddpflow.distributed.supervisor.timings import SupervisionConfig
 from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact
 from ddpflow.tracking.run import default_artifact_location, metric_history, start_run
 from ddpflow.workloads.charlm.config import CharLSTMConfig
@@ -239,7 +240,8 @@ def test_a_worker_lost_while_the_group_starts_is_named_not_only_its_peers_error(
     "connection closed" names no one. The launcher's start wait is called directly with
     ranks that never signal their start, so the race is fixed, not left to timing."""
     from ddpflow.distributed.planning import RankAssignment
-    from ddpflow.distributed.supervision import WORKER_LEFT, wait_for_start
+    from ddpflow.distributed.supervisor.watch import wait_for_start
+    from ddpflow.distributed.supervisor.wording import words
 
     workers = sorted(dask_client.scheduler_info()["workers"])
     plan = [RankAssignment(rank, address, "127.0.0.1", 1) for rank, address in enumerate(workers)]
@@ -253,7 +255,7 @@ def test_a_worker_lost_while_the_group_starts_is_named_not_only_its_peers_error(
     finally:
         dask_client.cancel(futures, force=True)
     message = str(info.value)
-    assert f"rank 1 on worker {workers[1]}: {WORKER_LEFT}" in message, message
+    assert f"rank 1 on worker {workers[1]}: {words('worker_left')}" in message, message
     assert "Connection closed by peer" in message, message
     _wait_idle(dask_client)
 
@@ -346,10 +348,10 @@ def test_no_rank_starts_its_function_before_every_rank_has_joined(dask_client, t
 
 
 @pytest.mark.timeout(120)
-def test_a_worker_that_does_not_answer_fails_the_launch_naming_it(dask_client, monkeypatch):
+def test_a_worker_that_does_not_answer_fails_the_launch_naming_it(dask_client):
     """A stopped worker (SIGSTOP: hung, as far as anyone can tell) never answers the
     launcher's questions. The bound is shortened from 60 s to keep the test quick."""
-    monkeypatch.setattr("ddpflow.distributed.launcher.START_ASK_TIMEOUT_S", 3.0)
+    quick = SupervisionConfig(start_ask_timeout_s=3.0)
     pids = dask_client.run(os.getpid)
     hung = sorted(pids)[1]
     os.kill(pids[hung], signal.SIGSTOP)
@@ -358,7 +360,7 @@ def test_a_worker_that_does_not_answer_fails_the_launch_naming_it(dask_client, m
         with pytest.raises(
             LaunchError, match=r"did not answer cuda_available\(\) within 3s"
         ) as info:
-            launch(dask_client, _all_reduce_rank, world_size=2, timeout_s=30)
+            launch(dask_client, _all_reduce_rank, world_size=2, timeout_s=30, supervision=quick)
         elapsed = time.monotonic() - started
     finally:
         os.kill(pids[hung], signal.SIGCONT)

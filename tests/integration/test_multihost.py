@@ -25,8 +25,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 import ddpflow
-from ddpflow.distributed.elastic import launch_with_restarts
 from ddpflow.distributed.launcher import RANK_KEY_PREFIX
+from ddpflow.distributed.supervisor.relaunch import launch_with_restarts
 from ddpflow.storage import url_to_fs
 from ddpflow.workloads.vision.digits import digits_pngs
 from flows.params import CharLMParams, ImageParams

@@ -1,4 +1,5 @@
-"""What the restart logic compares between attempts, and what a rank's heartbeat records."""
+"""What the restart logic compares between attempts, the order causes are named in, and what
+a rank's heartbeat records."""
 
 from __future__ import annotations
 
@@ -9,38 +10,82 @@ import pytest
 import torch
 
 from ddpflow.distributed.context import RankContext
-from ddpflow.distributed.elastic import WorkersNotBack, _next_world_size, failure_causes
-from ddpflow.distributed.failures import LaunchError, RankFailure, describe, root_causes_first
-from ddpflow.distributed.supervision import WORKER_LEFT
-from ddpflow.distributed.watchdog import rank_progress, rank_started
+from ddpflow.distributed.supervisor.failures import (
+    FailureKind,
+    LaunchError,
+    RankFailure,
+    root_causes_first,
+)
+from ddpflow.distributed.supervisor.heartbeats import rank_progress, rank_started
+from ddpflow.distributed.supervisor.policy import Action, Signature, decide
+from ddpflow.distributed.supervisor.relaunch import WorkersNotBack, _next_world_size
+from ddpflow.distributed.supervisor.wording import describe, words
 
 pytestmark = pytest.mark.integration
 
 
-def _error(*causes: str) -> LaunchError:
-    failures = [RankFailure(r, f"tcp://127.0.0.1:{40000 + r}", c) for r, c in enumerate(causes)]
-    return LaunchError("DDP group failed", failures)
+RAISED, FOLLOW_ON = FailureKind.RAISED, FailureKind.FOLLOW_ON
+WORKER_LEFT = words("worker_left")
 
 
-def test_one_failure_reads_the_same_in_every_attempt():
+def _error(*failures: tuple[FailureKind, str, str | None]) -> LaunchError:
+    """A group failed before training: rank r failed with failures[r] (kind, cause, type)."""
+    ranks = [
+        RankFailure(r, f"tcp://127.0.0.1:{40000 + r}", kind, cause, error_type)
+        for r, (kind, cause, error_type) in enumerate(failures)
+    ]
+    return LaunchError("DDP group failed", ranks)
+
+
+def _after(error: LaunchError, previous: frozenset[Signature]) -> Action:
+    return decide(
+        error, grow_asked=False, previous=previous, restarts_used=1, max_restarts=5
+    ).action
+
+
+def _signatures(error: LaunchError) -> frozenset[Signature]:
+    return decide(
+        error, grow_asked=False, previous=frozenset(), restarts_used=0, max_restarts=5
+    ).signatures
+
+
+def test_one_failure_is_the_same_in_every_attempt_whatever_its_words():
     first = _error(
-        "ValueError: hidden_size=0 cannot build an LSTM",
-        "RuntimeError: Connection closed by peer [127.0.0.1]:41234 (process 812)",
+        (RAISED, "ValueError: hidden_size=0 cannot build an LSTM", "builtins.ValueError"),
+        (FOLLOW_ON, "RuntimeError: Connection closed by peer [127.0.0.1]:41234", "RuntimeError"),
     )
     second = _error(
-        "ValueError: hidden_size=0 cannot build an LSTM",
-        "RuntimeError: Connection closed by peer [127.0.0.1]:50007 (process 977)",
+        (RAISED, "ValueError: hidden_size=-1 is not a size", "builtins.ValueError"),
+        (FOLLOW_ON, "RuntimeError: Connection reset by peer [127.0.0.1]:50007", "RuntimeError"),
     )
-    assert failure_causes(first) == failure_causes(second)
-    elsewhere = _error("its worker tcp://10.0.0.5:39001 did not answer cuda_available()")
-    again = _error("its worker tcp://10.0.0.6:42111 did not answer cuda_available()")
-    assert failure_causes(elsewhere) == failure_causes(again)
+    assert _signatures(first) == _signatures(second)
+    assert _after(second, _signatures(first)) is Action.GIVE_UP_REPEATED
+    elsewhere = _error((FailureKind.DID_NOT_START, "its worker tcp://10.0.0.5:39001", None))
+    again = _error((FailureKind.DID_NOT_START, "worker tcp://10.0.0.6:42111 never came", None))
+    assert _after(again, _signatures(elsewhere)) is Action.GIVE_UP_REPEATED
 
 
 def test_different_failures_stay_different():
-    assert not failure_causes(_error("ValueError: bad config")) & failure_causes(
-        _error("OSError: corpus not found")
+    bad_config = _error((RAISED, "ValueError: bad config", "builtins.ValueError"))
+    no_corpus = _error((RAISED, "ValueError: bad config", "builtins.FileNotFoundError"))
+    assert not _signatures(bad_config) & _signatures(no_corpus), "another exception type"
+    assert _after(no_corpus, _signatures(bad_config)) is Action.RELAUNCH
+    stalled = _error((FailureKind.STALLED, "ValueError: bad config", None))
+    assert _after(stalled, _signatures(bad_config)) is Action.RELAUNCH, "another kind"
+
+
+def test_a_peer_s_follow_on_error_alone_makes_no_repeat():
+    """Two different root causes, each with the same gloo error on its peer: not the same
+    failure (the peer only followed the root)."""
+    first = _error(
+        (RAISED, "ValueError: bad config", "builtins.ValueError"),
+        (FOLLOW_ON, "RuntimeError: Connection closed by peer", "builtins.RuntimeError"),
     )
+    second = _error(
+        (FOLLOW_ON, "RuntimeError: Connection closed by peer", "builtins.RuntimeError"),
+        (RAISED, "OSError: corpus not found", "builtins.OSError"),
+    )
+    assert _after(second, _signatures(first)) is Action.RELAUNCH
 
 
 def test_a_heartbeat_is_recorded_on_the_worker_without_network():
@@ -57,7 +102,11 @@ def test_a_heartbeat_is_recorded_on_the_worker_without_network():
 
 
 def test_a_context_outside_a_launch_ignores_heartbeats():
+    rank_started("launch-b", 0)
+    ((_, beats_before),) = rank_progress("launch-b").values()
     RankContext(0, 1, torch.device("cpu"), "none").heartbeat()  # e.g. evaluation in the flow
+    ((_, beats_after),) = rank_progress("launch-b").values()
+    assert beats_before == beats_after == 0, "no launch watches it: nothing is recorded"
 
 
 def test_workers_that_do_not_come_back_are_named_with_the_fix():
@@ -77,14 +126,19 @@ def test_workers_that_do_not_come_back_are_named_with_the_fix():
 
 def test_the_first_cause_named_is_the_root_one_and_peers_follow():
     """docs/fault-tolerance.md: a failure's message opens with its cause (the worker that
-    left, or the rank that raised), then its peers' follow-on errors."""
+    left, or the rank that raised), then its peers' follow-on errors; by kind, not words."""
     peer_error = "DistBackendError: [gloo] read: Connection reset by peer ... GLHF"
-    lost = [RankFailure(0, "tcp://a:1", peer_error), RankFailure(1, "tcp://b:2", WORKER_LEFT)]
-    first = f"DDP group failed: rank 1 on worker tcp://b:2: {WORKER_LEFT}; rank 0"
-    assert describe("failed", lost).startswith(first)
-    raised = [
-        RankFailure(0, "tcp://a:1", "DistStoreError: wait timed out after 120s"),
-        RankFailure(1, "tcp://b:2", "ValueError: bad batch"),
-        RankFailure(2, "tcp://c:3", "task cancelled"),
+    lost = [
+        RankFailure(0, "tcp://a:1", FOLLOW_ON, peer_error),
+        RankFailure(1, "tcp://b:2", FailureKind.WORKER_LOST, WORKER_LEFT),
     ]
-    assert [f.rank for f in root_causes_first(raised)] == [1, 0, 2]
+    first = f"DDP group failed: rank 1 on worker tcp://b:2: {WORKER_LEFT}; rank 0"
+    assert describe("group_failed", lost).startswith(first)
+    raised = [
+        RankFailure(0, "tcp://a:1", FOLLOW_ON, "DistStoreError: wait timed out after 120s"),
+        RankFailure(1, "tcp://b:2", RAISED, "ValueError: bad batch"),
+        RankFailure(2, "tcp://c:3", FOLLOW_ON, "task cancelled"),
+        RankFailure(3, "tcp://d:4", FailureKind.PEER_STOPPED, "another worker was asked"),
+        RankFailure(4, "tcp://e:5", FailureKind.PREEMPTED, "worker tcp://e:5 asked to stop"),
+    ]
+    assert [f.rank for f in root_causes_first(raised)] == [4, 1, 0, 2, 3]

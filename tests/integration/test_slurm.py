@@ -1,6 +1,8 @@
 """DDPFLOW_CLUSTER=jobqueue on a real Slurm cluster (one node, see slurm_cluster.py): the
-flow submits its Dask workers as Slurm jobs and trains across them, and a worker job
-cancelled mid-run (scancel) is replaced by a new job and costs exactly one restart.
+flow submits its Dask workers as Slurm jobs and trains across them over TLS with credentials
+made for the run, which another local user can neither connect to nor join with a worker of
+their own; and a worker job cancelled mid-run (scancel) is replaced by a new job and costs
+exactly one restart.
 
 The flow runs in a thread of this process (its jobqueue cluster's scheduler with it), against
 a Prefect API of the module's that the worker jobs reach too; its log is read back from it."""
@@ -10,13 +12,18 @@ from __future__ import annotations
 import concurrent.futures
 import importlib
 import json
+import logging
 import re
 import signal
+import stat
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flows.params import CharLMParams
@@ -33,6 +40,7 @@ from tests.integration.conftest import (
     start_in_process,
 )
 from tests.integration.slurm_cluster import Slurm
+from tests.integration.stranger_worker import StrangerWorker, plain_tcp_client, require_stranger
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -49,6 +57,7 @@ def _import_jobqueue_here() -> None:
 _import_jobqueue_here()
 JOBS_TIMEOUT_S = 120
 REGISTERED = re.compile(r"^(\S+ \S+) - distributed\.worker - INFO - +Registered to:", re.M)
+TLS_FOLDERS = ".ddpflow-dask-tls-*"
 
 
 def job_name(project: Path) -> str:
@@ -72,6 +81,8 @@ def start_flow(
         "walltime": "00:30:00",
         "job_name": job_name(project),
         "log_directory": str(project / "slurm-logs"),
+        # Where the run's TLS credentials folder goes (the home folder by default).
+        "shared_temp_directory": str(project),
         "job_script_prologue": [f"export PYTHONPATH={REPO}"],
         "wait_for_workers_s": JOBS_TIMEOUT_S,
     }
@@ -129,22 +140,113 @@ def assert_no_job_left(slurm: Slurm, project: Path) -> None:
     assert not jobs, jobs
 
 
-def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api_url, tmp_path, monkeypatch):
-    flow_run = start_flow(tmp_path, slurm, prefect_api_url, monkeypatch, epochs=2)
+class SchedulerLog(logging.Handler):
+    """The INFO lines of the schedulers that run in this process (the flow's, here)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def address(self) -> str:
+        (address,) = [line.split()[-1] for line in self.lines if "Scheduler at:" in line]
+        return address
+
+    def registered(self) -> list[str]:
+        """The name of every worker that registered, in order."""
+        found = (re.search(r"Register worker addr: \S+ name: (\S+)", x) for x in self.lines)
+        return [m.group(1) for m in found if m]
+
+
+@contextmanager
+def scheduler_log() -> Iterator[SchedulerLog]:
+    logger = logging.getLogger("distributed.scheduler")
+    handler, level = SchedulerLog(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
     try:
-        jobs = running_jobs(slurm, tmp_path, 2, flow_run)
-        state, output = finish_in_process(flow_run, "world size")
+        yield handler
     finally:
-        slurm.cancel(job_name(tmp_path))  # a flow still running then fails without workers
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+def assert_credentials_private(slurm: Slurm, jobs: set[str]) -> None:
+    """Each job's script, as Slurm keeps it, and its worker's command line and environment
+    name the run's TLS files but hold no key; the files lie in a 0700 folder, each 0600."""
+    folders = set()
+    for job in jobs:
+        script = slurm.run("scontrol", "write", "batch_script", job, "-")
+        assert "PRIVATE KEY" not in script and "BEGIN CERTIFICATE" not in script
+        worker = script.strip().splitlines()[-1].split()
+        assert worker[3].startswith("tls://"), worker
+        files = [Path(worker[worker.index(flag) + 1]) for flag in ("--tls-cert", "--tls-key")]
+        assert {stat.S_IMODE(f.stat().st_mode) for f in files} == {0o600}, files
+        folders |= {f.parent for f in files}
+    (folder,) = folders
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
+    workers = [
+        p for p in psutil.process_iter(["cmdline"])
+        if "distributed.cli.dask_worker" in (p.info["cmdline"] or [])
+        and any(str(folder) in arg for arg in p.info["cmdline"])
+    ]  # fmt: skip
+    assert len(workers) == len(jobs), "the jobs' workers are not in the process list"
+    for proc in workers:
+        for part in ("cmdline", "environ"):
+            assert b"PRIVATE KEY" not in Path(f"/proc/{proc.pid}/{part}").read_bytes(), part
+
+
+def wait_for_attempt(stranger: StrangerWorker, flow_run: concurrent.futures.Future) -> None:
+    """Until the stranger's worker has tried the scheduler (refused or joined), which must
+    happen while the flow's cluster is up: a try after it closed would prove nothing."""
+    deadline = time.monotonic() + 60
+    while not re.search(r"Waiting to connect to|Registered to", stranger.text()):
+        assert stranger.proc.poll() is None, stranger.text()[-2000:]
+        assert time.monotonic() < deadline, stranger.text()[-2000:]
+        time.sleep(0.2)
+    assert not flow_run.done(), "the stranger's worker tried only after the flow ended"
+
+
+def test_train_charlm_on_two_slurm_worker_jobs(slurm, prefect_api_url, tmp_path, monkeypatch):
+    """Two ranks train across two Slurm jobs, on a scheduler that is tls:// only: a plain
+    tcp:// client of another local user (`nobody`) is refused, and that user's own `dask
+    worker` never joins, so it never becomes a rank. The run's credentials are private to
+    the jobs' user and gone when the cluster closes."""
+    require_stranger()
+    stranger = None
+    with scheduler_log() as scheduler:
+        flow_run = start_flow(tmp_path, slurm, prefect_api_url, monkeypatch, epochs=2)
+        try:
+            jobs = running_jobs(slurm, tmp_path, 2, flow_run)
+            address = scheduler.address()
+            assert address.startswith("tls://"), address
+            plain = "tcp://" + address.split("://", 1)[1]
+            stranger = StrangerWorker(plain)
+            refused = plain_tcp_client(plain)
+            assert refused.startswith("refused"), refused
+            assert_credentials_private(slurm, jobs)
+            wait_for_attempt(stranger, flow_run)
+            state, output = finish_in_process(flow_run, "world size")
+        finally:
+            slurm.cancel(job_name(tmp_path))  # a flow still running then fails without workers
+            stranger_log = stranger.stop() if stranger else ""
     assert state.is_completed(), f"{state}\n{output[-4000:]}"
     assert re.search(r"world size +2 ranks", output), output[-3000:]
     _, run = the_run(tmp_path)
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
-    # Exactly the two jobs seen running, and each one's worker joined the flow's scheduler.
+    # Exactly the two jobs seen running, and each one's worker joined the flow's scheduler;
+    # the stranger's never did, on either side.
     logs = worker_logs(tmp_path)
     assert set(logs) == jobs
     for log in logs.values():
         registered_at(log)
+    assert StrangerWorker.NAME not in scheduler.registered(), scheduler.registered()
+    assert len(scheduler.registered()) == 2, scheduler.registered()
+    assert "Registered to" not in stranger_log, stranger_log[-2000:]
+    assert "Waiting to connect to" in stranger_log, stranger_log[-2000:]
+    assert not list(tmp_path.glob(TLS_FOLDERS)), "the credentials outlived the cluster"
     assert_no_job_left(slurm, tmp_path)
 
 

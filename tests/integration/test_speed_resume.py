@@ -46,6 +46,9 @@ class _Logger:
     def log_artifact(self, local_path, artifact_path=None, origin=None) -> None:
         pass
 
+    def keep_artifacts(self, artifact_path, names) -> None:
+        pass
+
     def set_tags(self, tags) -> None:
         self.tags.update(tags)
 

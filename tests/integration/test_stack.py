@@ -6,11 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import socket
 import ssl
 import stat
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,14 +27,13 @@ from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
 from infra.seaweedfs.server import grpc_socket_paths
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
+from tests.integration.as_stranger import STRANGER_UID, require_stranger, run_as_stranger
 from tests.integration.s3_servers import s3_client
 
 pytestmark = pytest.mark.integration
 
 NUM_WORKERS = 2
 PROBE = Path(__file__).with_name("stranger_probe.py")
-STRANGER_UID = 65534  # nobody
-SYSTEM_PYTHON = Path("/usr/bin/python3")  # the stranger cannot enter this venv's home
 
 
 def stack_processes(state: StackState) -> dict[int, float]:
@@ -233,10 +230,7 @@ def test_another_local_user_can_neither_read_nor_change_what_s3_stores(
 ) -> None:
     """Run as `nobody`: every route of every SeaweedFS port refuses a request without the
     stack's key or certificate, and what the bucket holds is the same afterwards."""
-    if not (os.geteuid() == 0 and shutil.which("setpriv") and SYSTEM_PYTHON.is_file()):
-        if os.environ.get("CI"):
-            pytest.fail("CI runs as root with setpriv and /usr/bin/python3: the probe must run")
-        pytest.skip("needs root, setpriv and /usr/bin/python3 to run a request as another user")
+    require_stranger()
     env = stack_state.env
     own = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
     own.put_object(Bucket=BUCKET, Key="artifacts/latest.json", Body=b'{"step": 7}')
@@ -244,13 +238,7 @@ def test_another_local_user_can_neither_read_nor_change_what_s3_stores(
     before = _stored(own, admin)
 
     targets = _stranger_targets(stack_state)
-    done = subprocess.run(
-        ["setpriv", f"--reuid={STRANGER_UID}", f"--regid={STRANGER_UID}", "--clear-groups",
-         str(SYSTEM_PYTHON), "-c", PROBE.read_text(), json.dumps(targets)],
-        cwd="/", env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=90,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    report = json.loads(run_as_stranger(PROBE.read_text(), json.dumps(targets)))
     assert report["uid"] == STRANGER_UID
     assert len(report["attempts"]) >= 30, report["attempts"]
     answered = [a for a in report["attempts"] if not _refused(a["answer"])]

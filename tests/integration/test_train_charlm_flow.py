@@ -119,6 +119,8 @@ def test_the_flows_workers_exit_without_being_killed(trained):
 # API starts, and the flow's task runner takes that cluster instead of starting another.
 def test_the_flow_runs_on_the_cluster_started_beside_its_embedded_api(trained):
     assert early_cluster.ADOPTED in trained["stdout"], trained["stdout"][-3000:]
+    # ...and says only that: not prefect-dask's "Creating a new Dask cluster" before it.
+    assert "Creating a new Dask cluster" not in trained["stdout"]
 
 
 # docs/s3-and-servers.md: a project's first flow starts its embedded API on a copy of the
@@ -206,7 +208,9 @@ def test_checkpoints_load_with_weights_only_and_hold_the_last_epoch(trained):
     assert state["model_config"]["hidden_size"] == 32
     assert "optimizer_state" in state
     artifacts = [a.path for a in trained["client"].list_artifacts(run_id, "checkpoints")]
-    assert f"checkpoints/epoch-{EPOCHS:04d}.pt" in artifacts, artifacts
+    kept = [f"checkpoints/{uri.rsplit('/', 1)[-1]}" for uri in store.list_uris()]
+    assert artifacts == kept, "MLflow holds the same keep_last=2 checkpoints as the store"
+    assert "(2 kept, " in trained["stdout"], "the summary says what is kept"
 
 
 def test_model_registered_and_serves_logits(trained):

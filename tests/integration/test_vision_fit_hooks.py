@@ -16,7 +16,7 @@ from ddpflow.checkpoint.store import CheckpointStore
 from ddpflow.distributed.context import RankContext, RankSpec, process_group
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.training.context import TrainContext
-from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.loop import FitHooks, FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 from ddpflow.workloads.vision.config import ImageModelConfig
 from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
@@ -41,6 +41,9 @@ class Recorder:
         self, local_path: str, artifact_path: str | None = None, origin: str | None = None
     ) -> None:
         self.events.append(f"artifact {artifact_path}")
+
+    def keep_artifacts(self, artifact_path, names) -> None:
+        pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
@@ -70,7 +73,7 @@ def test_hooks_add_validation_step_metrics_and_an_epoch_end_before_the_checkpoin
         step_metrics=lambda logits, y: {"train_accuracy": 1.0, "lr": 0.1},
         on_epoch_end=lambda stats: logger.events.append(f"end {stats.epoch} {stats.val_loss}"),
     )
-    history = fit(
+    history = fit_loop(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         train=TensorSamples(torch.arange(16), to_batch),
@@ -147,4 +150,4 @@ def test_one_image_rank_trains_logs_and_checkpoints_the_scheduler(tmp_path) -> N
 def test_fit_takes_its_arguments_by_name_only():
     """Ten positional parameters invite swapped arguments (train for val, say)."""
     with pytest.raises(TypeError, match="positional"):
-        fit(nn.Linear(2, 2), None)  # type: ignore[misc]
+        fit_loop(nn.Linear(2, 2), None)  # type: ignore[misc]

@@ -1,17 +1,20 @@
-"""Promotion against a real MLflow registry (SQLite): first model, outages, races, NaN.
+"""Promotion against a real MLflow registry (SQLite): first model, races, NaN, aborts.
 
-The lock itself: tests/unit/test_promotion_lock.py; stalled promoters, round after round:
-tests/unit/test_promotion_race.py."""
+The flows' lock, a Prefect concurrency limit on a real server, and promoters frozen past
+its lease: tests/integration/test_promotion_limit.py; without a server:
+tests/unit/test_promotion_lock.py."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
 
-from ddpflow.registry.promotion_lock import read_state
+from ddpflow.registry.promotion_lock import HeldLock, PromotionLockLost
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, promote
 from ddpflow.workloads.charlm.evaluation import register_model
@@ -52,7 +55,6 @@ def test_the_first_model_is_promoted_when_there_is_no_champion(registry):
     assert decision.promoted and decision.reason == "no champion yet"
     assert alias_of(client, name) == version
     assert client.get_run(run_id).data.tags["ddpflow.retrain.promoted"] == "True"
-    assert read_state(client, name).free, "lock released"
 
 
 def test_two_concurrent_promotions_end_with_the_better_model(registry):
@@ -137,3 +139,42 @@ def test_a_champion_moved_by_hand_while_deciding_aborts_and_the_decision_says_so
     assert f"v{by_hand}" in decision.reason
     assert alias_of(client, name) == by_hand
     assert client.get_run(run_id).data.tags["ddpflow.retrain.reason"] == decision.reason
+
+
+class LeaseRanOut:
+    """A held lock whose lease ran out while the promoter decided (it was frozen, or cut off
+    from the Prefect server): what `Lease.ensure_held` then raises."""
+
+    def ensure_held(self) -> None:
+        raise PromotionLockLost("the promotion limit 'x' lost its lease")
+
+
+@contextmanager
+def lost_lock(tracking_uri: str, model_name: str) -> Iterator[HeldLock]:
+    yield LeaseRanOut()
+
+
+def test_a_promotion_whose_lease_ran_out_aborts_and_records_why(registry):
+    """Its decision stands, but another promotion may hold the lock by now: nothing moves,
+    and the run says so; the champion's version, which the lock's holder may be writing
+    its own decision on, gets none of this one's tags."""
+    uri, val_uri, folder = registry
+    client = MlflowClient(uri)
+    name = "lost-lease"
+    old, _ = add_version(client, name, constant_model(peaked_bias()), folder)
+    client.set_registered_model_alias(name, CHAMPION_ALIAS, old)
+    challenger, run_id = add_version(client, name, constant_model(unigram_bias(val_uri)), folder)
+
+    decision = promote(uri, name, run_id, challenger, val_uri, margin=0.0, lock=lost_lock)
+
+    assert not decision.promoted
+    assert decision.reason.startswith("promotion aborted: the promotion limit 'x' lost its lease")
+    assert alias_of(client, name) == old
+    tags = client.get_run(run_id).data.tags
+    assert (tags["ddpflow.retrain.promoted"], tags["ddpflow.retrain.reason"]) == (
+        "False",
+        decision.reason,
+    )
+    assert not any(
+        k.startswith("ddpflow.retrain") for k in client.get_model_version(name, old).tags
+    )

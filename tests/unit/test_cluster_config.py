@@ -119,8 +119,8 @@ def test_other_kinds_build_their_cluster_in_the_flow_run(tmp_path: Path, kind: s
     s = settings(tmp_path, **{CLUSTER_ENV: kind, CLUSTER_OPTIONS_ENV: '{"n_workers": 2}'})
     task_runner = runner.dask_task_runner(s)
     assert task_runner.cluster_class is runner._cluster_for_flow
-    tls = {"tls": True} if kind == "cuda" else {}  # only cuda starts its cluster here
-    assert task_runner.cluster_kwargs == {"kind": kind, "options": {"n_workers": 2}, **tls}
+    # TLS by default for each: cuda's is the local switch's, the others the remote one's.
+    assert task_runner.cluster_kwargs == {"kind": kind, "options": {"n_workers": 2}, "tls": True}
 
 
 # --- missing extras and the cuda kind --------------------------------------------------------

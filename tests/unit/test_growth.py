@@ -1,16 +1,12 @@
-"""The grow watch's decisions (ddpflow.distributed.growth), on a clock of the test's own:
+"""The grow watch's decisions (ddpflow.distributed.supervisor.growth), on a clock of the test's own:
 who has settled, how large the group grows, and which failures are a grow's stop. The
 integration tier runs them on real joining workers (integration/test_elastic_grow.py)."""
 
 from __future__ import annotations
 
-from ddpflow.distributed.graceful_stop import PEER_STOP_CAUSE
-from ddpflow.distributed.growth import (
-    GROW_CAUSE,
-    JoinTracker,
-    grow_target,
-    is_grow_stop,
-)
+from ddpflow.distributed.supervisor.failures import FailureKind, RankFailure
+from ddpflow.distributed.supervisor.growth import JoinTracker, grow_target
+from ddpflow.distributed.supervisor.policy import is_grow
 
 GROUP = ["tls://a:1", "tls://b:1"]
 
@@ -42,11 +38,15 @@ def test_the_group_grows_by_its_settled_newcomers_up_to_max_workers():
     assert grow_target(4, 1, 4) is None
 
 
+def _stopped(*kinds: FailureKind) -> list[RankFailure]:
+    return [RankFailure(r, f"tls://w{r}:1", kind, "") for r, kind in enumerate(kinds)]
+
+
 def test_only_a_stop_that_every_rank_took_for_a_grow_is_one():
-    grew = f"StopRequested: {GROW_CAUSE}2 -> 3 ranks: worker(s) tls://c:1 joined); checkpointed"
-    peer = f"StopRequested: {PEER_STOP_CAUSE}; the group checkpointed at epoch 1 step 5"
-    assert is_grow_stop([grew, grew])
-    assert is_grow_stop([grew, peer])
-    assert not is_grow_stop([peer, peer]), "no rank named the grow: someone else asked"
-    assert not is_grow_stop([grew, "RuntimeError: Connection closed by peer"])
-    assert not is_grow_stop([])
+    grew, peer = FailureKind.GROW, FailureKind.PEER_STOPPED
+    assert is_grow(_stopped(grew, grew))
+    assert is_grow(_stopped(grew, peer))
+    assert not is_grow(_stopped(peer, peer)), "no rank named the grow: someone else asked"
+    assert not is_grow(_stopped(grew, FailureKind.FOLLOW_ON))
+    assert not is_grow(_stopped(grew, FailureKind.PREEMPTED)), "a worker leaves as well"
+    assert not is_grow([])

@@ -16,8 +16,8 @@ from torch import nn
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.progress import Progress
 from ddpflow.tracking.loggers import NullLogger
-from ddpflow.training import progress as fit_progress
-from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training import fit_progress
+from ddpflow.training.loop import FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 
 STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
@@ -58,7 +58,7 @@ def run_fit(monkeypatch: pytest.MonkeyPatch, seconds_per_step: float) -> list[Pr
     ctx = Reporting(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     object.__setattr__(ctx, "events", [])  # a frozen dataclass
     model = Linear()
-    fit(
+    fit_loop(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         train=TensorSamples(torch.arange(48), to_batch),
@@ -137,7 +137,7 @@ def test_each_checkpoint_comes_after_its_epochs_metrics_are_flushed() -> None:
     ctx = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
     model = Linear()
     to_batch = lambda index: (data[index], (data[index, 0] > 0).long())  # noqa: E731
-    fit(
+    fit_loop(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         train=TensorSamples(torch.arange(16), to_batch),

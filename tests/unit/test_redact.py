@@ -5,11 +5,13 @@ its name."""
 import pytest
 
 from ddpflow.storage.redact import (
+    RedactedError,
     clean_cause,
     error_text,
     has_credentials,
     redact_text,
     redact_url,
+    redacted_error,
 )
 
 SECRETS = (
@@ -222,3 +224,32 @@ def test_a_tracking_uri_whose_password_has_a_slash_fails_preflight_naming_the_fi
     message = str(refused.value)
     assert "percent-encode" in message and "MLFLOW_TRACKING_URI" in message
     assert "PW9" not in message and "ACC7" not in message, message
+
+
+def test_a_redacted_error_keeps_its_type_and_drops_a_chain_that_holds_the_secret() -> None:
+    import torch.distributed as dist
+
+    def raised(error: Exception, cause: Exception | None = None) -> Exception:
+        try:
+            raise error from cause
+        except Exception as caught:  # noqa: BLE001 - the test's own raise
+            return caught
+
+    clean = raised(ValueError("no secret here"))
+    assert redacted_error(clean) is clean
+    url = "http://alice:PW-1@host:5000/api"
+    chained = raised(dist.DistNetworkError("peer gone"), ConnectionError(url))
+    safe = redacted_error(chained)
+    assert type(safe) is dist.DistNetworkError and str(safe) == "peer gone"
+    assert safe.__cause__ is None and safe.__suppress_context__
+    assert safe.__traceback__ is chained.__traceback__  # where it was raised still shows
+    own = redacted_error(raised(RuntimeError(f"cannot reach {url}")))
+    assert type(own) is RuntimeError and str(own) == "cannot reach http://alice:***@host:5000/api"
+
+    class TwoArgs(Exception):
+        def __init__(self, code: int, url: str) -> None:
+            super().__init__(f"{code}: {url}")
+
+    odd = redacted_error(raised(TwoArgs(503, url)))
+    assert isinstance(odd, RedactedError) and str(odd).startswith("TwoArgs: 503: ")
+    assert "PW-1" not in str(odd)

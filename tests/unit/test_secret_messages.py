@@ -83,7 +83,9 @@ def test_preflight_error_for_a_tracking_uri_with_user_and_password() -> None:
 
 def test_summary_hint_shows_the_tracking_uri_redacted() -> None:
     hint = mlflow_ui_hint(f"https://alice:{PASSWORD}@mlflow.example.com", "abc123")
-    assert hint == "open https://alice:***@mlflow.example.com/#/runs/abc123"
+    assert hint == (
+        "open https://alice:***@mlflow.example.com/#/runs/abc123?workflowType=machine_learning"
+    )
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from torch import nn
 
 from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, resume_from
 from ddpflow.distributed.context import RankContext
-from ddpflow.training.loop import FitHooks, FitPlan, fit
+from ddpflow.training.loop import FitHooks, FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 from ddpflow.training.speed.device import TrainSpeed, resolve_speed
 from ddpflow.training.speed.settings import CudaCaps, SpeedError, SpeedSettings
@@ -142,7 +142,7 @@ def test_fit_runs_the_training_forward_under_autocast(precision, dtype) -> None:
     data = torch.randn(8, 4)
     model = Recording()
     to_batch = lambda index: (data[index], (data[index, 0] > 0).long())  # noqa: E731
-    fit(
+    fit_loop(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         train=TensorSamples(torch.arange(8), to_batch),

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ddpflow.distributed.supervision import MAX_STALL_CHECK_S, WORKER_CHECK_S, stall_check_s
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION
+from ddpflow.distributed.supervisor.watch import stall_check_s
+
+WORKER_CHECK_S = DEFAULT_SUPERVISION.worker_check_s
+MAX_STALL_CHECK_S = DEFAULT_SUPERVISION.max_stall_check_s
 
 
 # docs/fault-tolerance.md: every twentieth of the timeout, at least every WORKER_CHECK_S and

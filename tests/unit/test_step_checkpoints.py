@@ -16,10 +16,10 @@ from torch import nn
 from ddpflow.checkpoint import steps as step_checkpoints
 from ddpflow.checkpoint.steps import CheckpointClock, CheckpointSchedule, EpochPosition, step_seed
 from ddpflow.checkpoint.store import CheckpointStore, build_state, encode, resume_from
-from ddpflow.distributed import graceful_stop
 from ddpflow.distributed.context import RankContext
+from ddpflow.distributed.supervisor import graceful_stop
 from ddpflow.training.batching import epoch_batches
-from ddpflow.training.loop import FitPlan, fit
+from ddpflow.training.loop import FitPlan, fit_loop
 from ddpflow.training.samples import TensorSamples
 
 STEPS = 12  # per epoch: 48 samples in batches of 4 on one rank
@@ -49,6 +49,9 @@ class Recording:
         self.points += [(k, step, float(v)) for k, v in metrics.items()]
 
     def log_artifact(self, local_path: str, artifact_path: str | None = None) -> None:
+        pass
+
+    def keep_artifacts(self, artifact_path, names) -> None:
         pass
 
     def set_tags(self, tags) -> None:
@@ -102,7 +105,7 @@ def train(
         resume_at=position,
     )
     with pytest.raises(Crash) if crash_at_batch else _nothing():
-        fit(
+        fit_loop(
             model=model,
             optimizer=optimizer,
             train=TensorSamples(torch.arange(48), to_batch),
@@ -241,7 +244,7 @@ def test_the_time_trigger_fires_at_control_points_only(monkeypatch: pytest.Monke
 # checkpoints, and fit() stops there with StopRequested; a resume goes on from that step.
 def test_a_stop_request_checkpoints_at_the_next_control_point_and_stops(tmp_path: Path):
     store = CheckpointStore(str(tmp_path), keep_last=100)
-    graceful_stop.request_stop("worker w asked to stop (SIGTERM)")
+    graceful_stop.request_stop(graceful_stop.leaving("w", "stop_sigterm"))
     try:
         with pytest.raises(graceful_stop.StopRequested, match=r"\(SIGTERM\).* epoch 1 step 2 "):
             train(store, every_steps=0)

@@ -20,7 +20,7 @@ from ddpflow import storage
 from ddpflow.checkpoint import store as checkpoint
 from ddpflow.checkpoint.store import CheckpointStore, encode
 from ddpflow.config import STORE_OUTAGE_ENV, ConfigError, Settings, store_outage_s
-from ddpflow.distributed import watchdog
+from ddpflow.distributed.supervisor import heartbeats
 from ddpflow.storage.retry import OutageTooLong, retry_for
 
 
@@ -135,14 +135,14 @@ def test_a_checkpoint_write_waits_out_a_one_minute_outage(tmp_path, monkeypatch,
     store = CheckpointStore(str(tmp_path / "ckpt"))
     store.save(state(1))
     fake = outage(monkeypatch, fake_time, lambda uri: fake_time.now < 60)
-    watchdog.rank_started("launch-outage", 0)
-    watchdog.bind_thread("launch-outage", 0)
+    heartbeats.rank_started("launch-outage", 0)
+    heartbeats.bind_thread("launch-outage", 0)
     try:
         with caplog.at_level(logging.WARNING, logger="ddpflow.storage.retry"):
             store.save_encoded(2, encode(state(2)))
-        _, beats = watchdog.rank_progress("launch-outage")[0]
+        _, beats = heartbeats.rank_progress("launch-outage")[0]
     finally:
-        watchdog.unbind_thread()
+        heartbeats.unbind_thread()
     assert pointer(store) == {"uri": store.uri_for(2), "epoch": 2}
     assert store.load()["epoch"] == 2
     first_ok = next(t for name, t in fake.attempts if name == "epoch-0002.pt" and t >= 60)
@@ -192,13 +192,13 @@ def test_in_a_group_rank_0_waits_the_whole_window_past_the_group_timeout(
     monkeypatch.setenv(STORE_OUTAGE_ENV, "200")
     store = CheckpointStore(str(tmp_path / "ckpt"))
     outage(monkeypatch, fake_time, lambda uri: True)
-    watchdog.rank_started("launch-group", 0)
-    watchdog.bind_thread("launch-group", 0)
+    heartbeats.rank_started("launch-group", 0)
+    heartbeats.bind_thread("launch-group", 0)
     try:
         with pytest.raises(OutageTooLong, match=STORE_OUTAGE_ENV):
             store.save_encoded(1, encode(state(1)))
     finally:
-        watchdog.unbind_thread()
+        heartbeats.unbind_thread()
     assert 200 - 31 <= fake_time.now <= 200 + 1
     assert store.latest_uri() is None
 

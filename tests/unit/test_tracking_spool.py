@@ -178,3 +178,34 @@ def test_a_spool_folder_that_cannot_be_made_falls_back_to_a_temporary_one(tmp_pa
     spool = _open_spool(wanted, 1024)
     assert spool.folder != wanted and spool.folder.is_dir()
     assert "cannot keep logging calls in" in caplog.text
+
+
+def test_mlflow_keeps_the_checkpoints_the_store_keeps_and_a_refused_delete_blocks_nothing(
+    tmp_path, monkeypatch, caplog
+):
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    location = (tmp_path / "mlartifacts").as_uri()
+    run = start_run(tracking_uri, "spool", "keep", {}, {}, artifact_location=location)
+    logger = BackgroundMlflowLogger(run, tmp_path / "spool", close_timeout_s=30)
+    names = [f"epoch-{epoch:04d}.pt" for epoch in range(1, 5)]
+    for epoch, name in enumerate(names, start=1):  # keep_last=2, as the store prunes
+        record_checkpoint(
+            logger, f"/ckpt/{name}", b"x" * epoch, kept=names[max(0, epoch - 2) : epoch]
+        )
+    assert logger.close() == []
+    client = MlflowClient(run.tracking_uri)
+    held = [a.path for a in client.list_artifacts(run.run_id, "checkpoints")]
+    assert held == ["checkpoints/epoch-0003.pt", "checkpoints/epoch-0004.pt"]
+
+    def refuse(self, artifact_path, names):
+        raise NotImplementedError("this artifact store does not delete")
+
+    monkeypatch.setattr("ddpflow.tracking.one_try.OneTryCalls.keep_artifacts", refuse)
+    logger = BackgroundMlflowLogger(run, tmp_path / "spool2", close_timeout_s=30)
+    record_checkpoint(logger, "/ckpt/epoch-0005.pt", b"5", kept=["epoch-0005.pt"])
+    logger.log_metrics({"train_loss": 0.5}, step=5)
+    with caplog.at_level(logging.WARNING):
+        assert logger.close() == [], "a refused delete is not an outage: later calls go on"
+    assert "kept older copies" in caplog.text
+    assert len(client.list_artifacts(run.run_id, "checkpoints")) == 3
+    assert [m.step for m in client.get_metric_history(run.run_id, "train_loss")] == [5]

@@ -37,6 +37,9 @@ from pathlib import Path
 from ddpflow.integrations.prefect.server import server_env, start_server, stop_server
 
 _PR_SET_PDEATHSIG = 1
+# The embedded API's URL, for the flow's worker processes (which inherit it): theirs is
+# PREFECT_API_URL too, but it is no server shared with other flows (promotion_limit).
+EMBEDDED_API_ENV = "DDPFLOW_EMBEDDED_PREFECT_API_URL"
 STOP_TIMEOUT_S = 5.0  # what Prefect's own temporary server is given to stop
 
 _started: tuple[int, subprocess.Popen[bytes]] | None = None
@@ -86,7 +89,7 @@ def start_early() -> None:
     preexec = _die_with_parent if sys.platform == "linux" else None
     _started = start_server(server_env(), preexec)
     atexit.register(_stop)
-    os.environ["PREFECT_API_URL"] = f"{_address(_started[0])}/api"
+    os.environ["PREFECT_API_URL"] = os.environ[EMBEDDED_API_ENV] = f"{_address(_started[0])}/api"
     # No "View at <UI>" links: the server serves no UI and is gone once the flow ends.
     os.environ["PREFECT_UI_URL"] = ""
 

@@ -8,8 +8,8 @@ task starts (so it belongs to that task run and its flow run), handed to every l
 the training, restarts included, so one artifact shows the whole training, and set to
 100 % when the training returned. The launcher delivers events on its Dask client's event
 loop, where a blocking Prefect call must not run, so the updates go through a thread of
-their own, newest first and at most one every `min_interval_s`. Prefect being slow or down
-never slows or fails the training.
+their own, newest first, at most one every `min_interval_s` (30 s) unless an epoch
+starts or ends. Prefect being slow or down never slows or fails the training.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ CLOSE_TIMEOUT_S = 15.0
 class ProgressArtifact:
     """One Prefect progress artifact, updated from any thread without waiting."""
 
-    # Every 5 s: each update is a write on the Prefect server, which on a small machine shares
-    # the cores with the ranks; a person watching needs no finer grain.
-    def __init__(self, key: str, title: str, min_interval_s: float = 5.0):
+    # At most every 30 s, and at once when an epoch starts or its validation is done: each
+    # update is a write on the Prefect server, which on a small machine shares the cores
+    # with the ranks, and an event that `prefect deployment run --watch` prints; a person
+    # reading either needs no finer grain.
+    def __init__(self, key: str, title: str, min_interval_s: float = 30.0):
         self.key, self.title, self.min_interval_s = key, title, min_interval_s
         self.artifact_id: UUID | None = None
         self.latest: Progress | None = None
@@ -44,6 +46,7 @@ class ProgressArtifact:
         self._pending: Progress | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._milestone = threading.Event()  # an epoch began or ended: no waiting
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -56,6 +59,9 @@ class ProgressArtifact:
         except Exception as error:  # noqa: BLE001 - progress display is not the training
             log.warning("no progress artifact %s: %s", self.key, redact_text(str(error)))
             return
+        self._start_updater()
+
+    def _start_updater(self) -> None:
         context = contextvars.copy_context()  # the same Prefect settings and client
         self._thread = threading.Thread(
             target=context.run, args=(self._run,), name=f"progress-{self.key}", daemon=True
@@ -68,8 +74,14 @@ class ProgressArtifact:
         if not progress.has_steps:
             return
         with self._lock:
-            if self.latest is None or progress.steps_done >= self.latest.steps_done:
+            before = self.latest
+            if before is None or progress.steps_done >= before.steps_done:
                 self.latest = self._pending = progress
+                if before is None or (progress.epoch, progress.val_loss is None) != (
+                    before.epoch,
+                    before.val_loss is None,
+                ):
+                    self._milestone.set()
         self._wake.set()
 
     def note_size(self, line: str) -> None:
@@ -85,6 +97,7 @@ class ProgressArtifact:
             return
         self._stop.set()
         self._wake.set()
+        self._milestone.set()
         self._thread.join(CLOSE_TIMEOUT_S)
         latest = self.latest
         if succeeded:
@@ -103,11 +116,12 @@ class ProgressArtifact:
         while not self._stop.is_set():
             self._wake.wait()
             self._wake.clear()
+            self._milestone.clear()  # before taking the update: a later milestone stays set
             with self._lock:
                 progress, self._pending = self._pending, None
             if progress is not None and not self._stop.is_set():
                 self._push(progress.percent, self._noted(f"{self.title}: {progress.describe()}"))
-                self._stop.wait(self.min_interval_s)
+                self._milestone.wait(self.min_interval_s)
 
     def _push(self, percent: float, description: str) -> None:
         if self.artifact_id is None:

@@ -17,9 +17,9 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext
 
-from ddpflow.api import run
-from ddpflow.distributed.elastic import Restart
+from ddpflow.api import refuse_removed_options, run
 from ddpflow.distributed.progress import Progress
+from ddpflow.distributed.supervisor.relaunch import Restart
 from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 
@@ -76,6 +76,7 @@ def run_in_flow(train: Callable[..., R], *args: Any, **options: Any) -> R:
     """Inside a flow on a DaskTaskRunner: the `ddp-train` task, called directly (not
     submitted) so ddpflow.run() waits in the flow process and every Dask worker is left to
     a rank. `options` are ddpflow.run()'s keyword arguments."""
+    refuse_removed_options("run_in_flow", options)
     if "client" in options:
         raise TypeError("run_in_flow() uses the flow's Dask client: do not pass client=")
     # Checked here, not by the task: a task called outside a flow runs on its own, and

@@ -27,6 +27,7 @@ from ddpflow.integrations.prefect import early_api, early_cluster
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 DASHBOARD_LINE = "The Dask dashboard is available at"  # prefect-dask's words
+CREATING_LINE = "Creating a new Dask cluster with"  # prefect-dask's words
 log = logging.getLogger(__name__)
 
 
@@ -80,7 +81,15 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
             # Built with no settings (a flow decorator, at import): the cluster settings are
             # read now, when the flow run starts, so importing a flow reads no environment.
             configure(self, Settings.from_env())
-        runner = super().__enter__()
+        # prefect-dask announces "Creating a new Dask cluster with `<our factory>`" before
+        # the factory runs; the factory says what it did instead (it may adopt the cluster
+        # started beside the embedded API, which that line would contradict).
+        quiet = _Without(f"{CREATING_LINE} `{__name__}.")
+        self.logger.addFilter(quiet)
+        try:
+            runner = super().__enter__()
+        finally:
+            self.logger.removeFilter(quiet)
         self.entered = True
         return runner
 
@@ -145,7 +154,9 @@ def _local_cluster_for_flow(
         get_logger("task_runner").info(early_cluster.ADOPTED)
         return early
     env = {"PREFECT_API_URL": url} if url else None
-    return local_cluster(num_workers, env=env, tls=tls, **options)
+    cluster = local_cluster(num_workers, env=env, tls=tls, **options)
+    get_logger("task_runner").info(f"started a Dask LocalCluster of {num_workers} workers")
+    return cluster
 
 
 def configured_api_url() -> str | None:
@@ -170,6 +181,7 @@ def _cluster_for_flow(kind: str, options: dict[str, Any], tls: bool = True) -> C
     wait_s = float(options.pop("wait_for_workers_s", DEFAULT_WAIT_FOR_WORKERS_S))
     expected = options.get("n_workers")
     cluster = build_cluster(kind, options, env=_worker_env(kind), tls=tls)
+    get_logger("task_runner").info(f"started a Dask cluster of kind {kind!r}")
     if expected:
         try:
             cluster.wait_for_workers(int(expected), timeout=wait_s)
@@ -222,8 +234,10 @@ def configure(runner: DaskTaskRunner, settings: Settings) -> None:
     else:
         runner.cluster_class = _cluster_for_flow
         runner.cluster_kwargs = {"kind": settings.cluster_kind, "options": options}
-        if settings.cluster_kind == "cuda":  # the other kinds start nothing on this machine
-            runner.cluster_kwargs["tls"] = settings.local_cluster_tls
+        # cuda starts its workers on this machine; jobqueue and kubernetes elsewhere.
+        local = settings.cluster_kind == "cuda"
+        tls = settings.local_cluster_tls if local else settings.remote_cluster_tls
+        runner.cluster_kwargs["tls"] = tls
 
 
 class _Without(logging.Filter):

@@ -8,11 +8,12 @@ imported or unpickled (see `ddpflow.registry.read`).
 
 Every promotion (a deployment's retrain, a retrain or sweep started from a shell) goes through
 `promote`, which decides and sets the alias only while holding the model's promotion lock
-(`ddpflow.registry.promotion_lock`): two promotions that overlap are decided one after the
-other, the second against whatever the first left as champion. Right before setting the
-alias it reads it once more and checks that its lock cannot have been broken; if the champion
-moved since the decision, or the lock may be lost, nothing moves and the decision's reason
-says "promotion aborted" (on the run, the versions and the flow's decision artifact).
+(`lock`: the flows pass Prefect's, `ddpflow.integrations.prefect.promotion_limit`): two
+promotions that overlap are decided one after the other, the second against whatever the
+first left as champion. Right before setting the alias it reads it once more and checks that
+its lock is still held; if the champion moved since the decision, or the lock may be lost,
+nothing moves and the decision's reason says "promotion aborted" (on the run, the versions
+and the flow's decision artifact).
 """
 
 from __future__ import annotations
@@ -25,12 +26,7 @@ import torch.nn.functional as F
 from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
-from ddpflow.registry.promotion_lock import (
-    HeldLock,
-    LockTiming,
-    PromotionLockLost,
-    promotion_lock,
-)
+from ddpflow.registry.promotion_lock import HeldLock, PromotionLock, PromotionLockLost, unlocked
 from ddpflow.registry.read import CHAMPION_ALIAS, RegistryError, alias_version, version_checkpoint
 from ddpflow.storage.redact import clean_cause, error_text, redact_url
 from ddpflow.tracking.inspection import record_decision_on_versions
@@ -81,16 +77,15 @@ def promote(
     challenger_version: str,
     val_uri: str,
     margin: float,
-    lock_timing: LockTiming | None = None,
+    lock: PromotionLock = unlocked,
 ) -> Decision:
     """Score challenger and champion; move `champion` only if the challenger is better.
 
     The slow scoring happens before the lock; under it the alias is read again, and a
-    champion that changed meanwhile is scored before deciding. `lock_timing` defaults to a
-    lease sized for the tracking URI's slowest call (`LockTiming.for_client`).
+    champion that changed meanwhile is scored before deciding. `lock` serialises promotions
+    of the model (the flows pass Prefect's); the default takes none, for a lone promoter.
     """
     client = MlflowClient(tracking_uri)
-    timing = lock_timing or LockTiming.for_client(client)  # a bad timing fails before scoring
     scores: dict[str, float] = {}
 
     def score(version: str) -> float:
@@ -102,11 +97,11 @@ def promote(
     if seen is not None:
         score(seen)
     challenger_loss = score(challenger_version)
-    with promotion_lock(client, model_name, timing) as lock:
+    with lock(tracking_uri, model_name) as held:
         decision = decide_under_lock(
-            client, model_name, challenger_version, challenger_loss, score, margin, lock
+            client, model_name, challenger_version, challenger_loss, score, margin, held
         )
-        record(client, model_name, run_id, decision, lock)
+        record(client, model_name, run_id, decision, held)
     return decision
 
 
@@ -137,8 +132,8 @@ def set_alias_if_unchanged(
     """Move the alias to the challenger, unless the champion the decision was made against
     is no longer the champion, or the lock may no longer be ours: then nothing moves and the
     decision says why."""
-    # Read again right before the write: only a hand-made move (UI, API) or a holder that
-    # outlived its lease could have changed it, and either way this decision is stale.
+    # Read again right before the write: only a hand-made move (UI, API), a holder that
+    # outlived its lease or one without a lock could have changed it; this decision is stale.
     now = alias_version(client, model_name)
     if now != decision.champion_version:
         return replace(

@@ -10,7 +10,12 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from matplotlib.figure import Figure
+from ddpflow.cluster.extras import missing_extra
+
+try:
+    from matplotlib.figure import Figure
+except ImportError as error:  # matplotlib is the `plots` extra, not a library requirement
+    raise missing_extra("plots", "ddpflow.workloads.scaling.plots", error) from None
 
 PLOT_NAMES = {
     "throughput": "samples_per_s_vs_world_size.png",

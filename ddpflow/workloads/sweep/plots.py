@@ -15,7 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from matplotlib.figure import Figure
+from ddpflow.cluster.extras import missing_extra
+
+try:
+    from matplotlib.figure import Figure
+except ImportError as error:  # matplotlib is the `plots` extra, not a library requirement
+    raise missing_extra("plots", "ddpflow.workloads.sweep.plots", error) from None
 
 XAxis = Literal["epoch", "elapsed_s"]
 X_LABELS: dict[str, str] = {"epoch": "epoch", "elapsed_s": "elapsed training seconds"}

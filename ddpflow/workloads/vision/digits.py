@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from ddpflow import storage
+from ddpflow.cluster.extras import missing_extra
 
 MARKER = "_digits.json"  # at the top level, which image-folder listings ignore
 MARKER_MAX_BYTES = 2**16  # two numbers
@@ -30,7 +31,11 @@ class DigitsFolder:
 
 def digits_pngs() -> dict[str, bytes]:
     """`<class>/<i>.png` -> PNG bytes for every digits image (pixel values 0-16 -> 0-255)."""
-    from sklearn.datasets import load_digits
+    # scikit-learn ships the data; it is the `digits` extra, not a library requirement.
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as error:
+        raise missing_extra("digits", "the digits demo data (digits_pngs)", error) from None
 
     digits = load_digits()
     pixels = np.rint(digits.images * (255 / 16)).clip(0, 255).astype(np.uint8)

@@ -121,11 +121,13 @@ def evaluation_markdown(run: RunRef, result: ImageEvalResult, num_bad: int) -> s
         f"| MLflow run | `{run.run_id}` |\n"
         f"| epoch | {result.epoch} |\n"
         f"| validation accuracy | {result.val_accuracy:.2%} |\n"
+        f"| majority-class baseline | {result.baseline_accuracy:.2%} |\n"
         f"| validation loss | {result.val_loss:.4f} |\n"
         f"| validation images | {result.num_val} |\n"
         f"| unreadable files skipped | {num_bad} |\n"
-        f"| checkpoint | `{redact_url(result.checkpoint_uri)}` |\n\n"
-        f"## Per-class accuracy\n\n| class | accuracy | correct / images |\n|---|---|---|\n"
+        f"| checkpoint | `{redact_url(result.checkpoint_uri)}` (the last epoch's, registered) |\n\n"
+        + "".join(f"> **Warning:** {w}.\n\n" for w in result.warnings(quote=markdown_text))
+        + "## Per-class accuracy\n\n| class | accuracy | correct / images |\n|---|---|---|\n"
         f"{rows}\n"
     )
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ddpflow.cluster.extras import missing_extra
 from ddpflow.workloads.escape import csv_cell, from_csv_cell
 
 MAX_ANNOTATED_CLASSES = 30  # beyond this, counts in cells are unreadable
@@ -35,6 +36,44 @@ class ImageEvalResult:
     @property
     def per_class(self) -> dict[str, dict[str, float | int | None]]:
         return per_class_report(self.classes, self.confusion)
+
+    @property
+    def baseline_accuracy(self) -> float:
+        """What always answering the validation set's most common class scores: the figure
+        an accuracy means something only above (1/classes on a balanced set)."""
+        supports = [sum(row) for row in self.confusion]
+        return max(supports) / sum(supports) if sum(supports) else float("nan")
+
+    @property
+    def single_prediction(self) -> str | None:
+        """The class every validation image was predicted as, when it was one class for all
+        (a collapsed model); None otherwise."""
+        predicted = [sum(column) for column in zip(*self.confusion, strict=True)]
+        used = [name for name, count in zip(self.classes, predicted, strict=True) if count]
+        return used[0] if len(used) == 1 and len(self.classes) > 1 and self.num_val > 1 else None
+
+    @property
+    def no_better_than_baseline(self) -> bool:
+        """No more images right than the baseline gets: counted in images, as a float32
+        accuracy of 8/24 compares above 1/3."""
+        right = sum(row[i] for i, row in enumerate(self.confusion))
+        return not right > max((sum(row) for row in self.confusion), default=0)
+
+    def warnings(self, quote: Callable[[str], str] = str) -> list[str]:
+        """What makes this accuracy no result, in words (empty when nothing does); `quote`
+        escapes the class name, which comes from the data, for where the text goes."""
+        found = []
+        if self.single_prediction is not None:
+            found.append(
+                "every validation image was predicted as one class "
+                f"({quote(self.single_prediction)})"
+            )
+        if self.no_better_than_baseline:
+            found.append(
+                f"accuracy {self.val_accuracy:.2%} is no better than always answering the "
+                f"most common class ({self.baseline_accuracy:.2%})"
+            )
+        return found
 
 
 def per_class_accuracy(confusion: list[list[int]]) -> list[float | None]:
@@ -75,7 +114,11 @@ def per_class_json(classes: Sequence[str], confusion: Sequence[Sequence[int]]) -
 
 
 def confusion_png(classes: Sequence[str], confusion: Sequence[Sequence[int]], title: str) -> bytes:
-    from matplotlib.figure import Figure  # drawing runs on a worker; see the module docstring
+    # Drawing runs on a worker (see the module docstring); matplotlib is the `plots` extra.
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as error:
+        raise missing_extra("plots", "the confusion matrix (confusion_png)", error) from None
 
     size = min(14.0, 3.0 + 0.45 * len(classes))
     figure = Figure(figsize=(size, size * 0.9), dpi=100)

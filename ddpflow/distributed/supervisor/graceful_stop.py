@@ -28,54 +28,84 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from distributed.core import Status
 from distributed.diagnostics.plugin import NannyPlugin, WorkerPlugin
 from distributed.protocol import pickle
 
+from ddpflow.distributed.supervisor.failures import FailureKind
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION, SupervisionConfig
+from ddpflow.distributed.supervisor.wording import words
+
 log = logging.getLogger(__name__)
 
-# Slurm's KillWait and Kubernetes' terminationGracePeriodSeconds both default to 30 s, after
-# which SIGKILL follows: exit a little before that, checkpoint or not.
-DEFAULT_GRACE_S = 25.0
-# After the rank returned, let its result (StopRequested) reach the scheduler before the
-# process goes: the launcher then names the stop as the cause, not a lost worker.
-RESULT_DELAY_S = 1.0
-
-# In the StopRequested message of the rank whose worker was asked to leave: the launcher waits
-# for that worker to leave before it relaunches (ddpflow.distributed.elastic). Every such
-# cause contains STOP_CAUSE; the peers' "was asked to stop;" does not.
-STOP_CAUSE = "asked to stop ("
-SIGTERM_CAUSE = f"{STOP_CAUSE}SIGTERM)"
-WORKER_CLOSING_CAUSE = f"{STOP_CAUSE}its worker is closing: retire_workers or its nanny)"
-NANNY_CLOSING_CAUSE = f"{STOP_CAUSE}its nanny is closing: SIGTERM to dask worker or a shutdown)"
-# The stop reason of a rank that was not asked itself: its group agreed on a peer's request.
-PEER_STOP_CAUSE = "another worker of the group was asked to stop"
 # The Dask event topic of stops that no rank result can report (the worker was removed).
 STOP_TOPIC = "ddpflow-graceful-stop"
-POLL_S = 0.1
-ASK_TIMEOUT_S = 10.0  # a worker process answers in milliseconds unless it is wedged
 
 _lock = threading.Lock()
 _running = 0  # ranks running in this process
 _idle = threading.Condition(_lock)
-_reason: str | None = None
+_reason: StopReason | None = None
+
+
+@dataclass(frozen=True)
+class StopReason:
+    """Why a worker process's ranks were asked to stop: the kind the launcher acts on, and
+    the words for people (a template of wording.MESSAGES and its details), told apart."""
+
+    kind: FailureKind  # PREEMPTED (the worker leaves), GROW, or PEER_STOPPED
+    message: str
+    details: Mapping[str, str | int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        return words(self.message, **self.details)
+
+    def to_event(self) -> dict[str, Any]:
+        """As a Dask event's payload (msgpack: plain values only)."""
+        return {"kind": self.kind.value, "message": self.message, "details": dict(self.details)}
+
+    @classmethod
+    def from_event(cls, payload: Mapping[str, Any]) -> StopReason:
+        return cls(FailureKind(payload["kind"]), payload["message"], payload.get("details", {}))
+
+
+def leaving(address: str, how: str) -> StopReason:
+    """The reason of worker `address` asked to leave; `how` is its words' template
+    (stop_sigterm, stop_worker_closing, stop_nanny_closing)."""
+    return StopReason(FailureKind.PREEMPTED, how, {"worker": address})
+
+
+PEER_STOP = StopReason(FailureKind.PEER_STOPPED, "stop_peer")
 
 
 class StopRequested(RuntimeError):
-    """Raised by every rank after the checkpoint at the step the group agreed to stop."""
+    """Raised by every rank after the checkpoint at the step the group agreed to stop:
+    `reason` (what the launcher acts on), at `step` (1-based) of `epoch` (1-based), at the
+    end of `epoch` (step None), or at `step` of a loop without epochs (epoch None)."""
+
+    def __init__(self, reason: StopReason, epoch: int | None = None, step: int | None = None):
+        super().__init__(reason, epoch, step)  # the args rebuild it when Dask unpickles it
+        self.reason, self.epoch, self.step = reason, epoch, step
+
+    def __str__(self) -> str:
+        if self.epoch is None:
+            return words("stopped_at_step", reason=self.reason, step=self.step)
+        if self.step is None:
+            return words("stopped_at_epoch_end", reason=self.reason, epoch=self.epoch)
+        return words("stopped_in_epoch", reason=self.reason, epoch=self.epoch, step=self.step)
 
 
-def request_stop(reason: str) -> None:
+def request_stop(reason: StopReason) -> None:
     global _reason
     with _lock:
         _reason = _reason or reason
 
 
-def stop_reason() -> str | None:
+def stop_reason() -> StopReason | None:
     """Why this process was asked to stop, or None. Read by fit() at control points."""
     return _reason
 
@@ -105,16 +135,17 @@ def rank_running() -> Iterator[None]:
             _idle.notify_all()
 
 
-def install(address: str, grace_s: float = DEFAULT_GRACE_S) -> bool:
+def install(address: str, timings: SupervisionConfig = DEFAULT_SUPERVISION) -> bool:
     """Handle SIGTERM in this process (call from its main thread); False where that is
-    impossible (a worker thread in another program's process)."""
+    impossible (a worker thread in another program's process). `timings`: its grace_s and
+    result_delay_s."""
 
     def on_sigterm(signum: int, frame: Any) -> None:
         if stop_reason() is not None:
             return  # already on its way out
-        request_stop(f"worker {address} {SIGTERM_CAUSE}")
+        request_stop(leaving(address, "stop_sigterm"))
         threading.Thread(
-            target=_exit_when_idle, args=(grace_s,), name="ddpflow-graceful-stop", daemon=True
+            target=_exit_when_idle, args=(timings,), name="ddpflow-graceful-stop", daemon=True
         ).start()
 
     try:
@@ -124,7 +155,8 @@ def install(address: str, grace_s: float = DEFAULT_GRACE_S) -> bool:
     return True
 
 
-def _exit_when_idle(grace_s: float) -> None:
+def _exit_when_idle(timings: SupervisionConfig) -> None:
+    grace_s = timings.grace_s
     deadline = time.monotonic() + grace_s
     with _lock:
         had_ranks = _running > 0
@@ -134,7 +166,7 @@ def _exit_when_idle(grace_s: float) -> None:
     if left:
         log.warning("a rank still runs %.0f s after SIGTERM; the process exits anyway", grace_s)
     elif had_ranks:
-        time.sleep(RESULT_DELAY_S)
+        time.sleep(timings.result_delay_s)
     # The exit status of a process ended by SIGTERM. (Re-raising the signal would need the
     # default handler back, which only the main thread may set.)
     os._exit(128 + signal.SIGTERM)
@@ -152,11 +184,11 @@ class GracefulStop(WorkerPlugin):
     name = "ddpflow-graceful-stop"
     idempotent = True
 
-    def __init__(self, grace_s: float = DEFAULT_GRACE_S):
-        self.grace_s = grace_s
+    def __init__(self, timings: SupervisionConfig = DEFAULT_SUPERVISION):
+        self.timings = timings
 
     def setup(self, worker: Any) -> None:
-        if not install(worker.address, self.grace_s):
+        if not install(worker.address, self.timings):
             log.info("SIGTERM handler not installed on %s (not the main thread)", worker.address)
 
     async def teardown(self, worker: Any) -> None:
@@ -166,27 +198,30 @@ class GracefulStop(WorkerPlugin):
         result would not arrive: the launcher learns of the stop from events on STOP_TOPIC."""
         if worker.status not in (Status.closing, Status.closing_gracefully):
             return  # replaced by a newer registration, not a close
-        if not stop_if_running(worker.address, WORKER_CLOSING_CAUSE):
+        if not stop_if_running(leaving(worker.address, "stop_worker_closing")):
             return
-        reason = stop_reason()
-        worker.log_event(STOP_TOPIC, {"worker": worker.address, "state": "stopping", "why": reason})
-        left = await wait_until_idle(self.grace_s)
+        # The reason as data: the launcher acts on its kind (an earlier request, a grow's,
+        # may be the one the ranks took).
+        reason = stop_reason() or leaving(worker.address, "stop_worker_closing")
+        notice = {"worker": worker.address, "state": "stopping", "why": reason.to_event()}
+        worker.log_event(STOP_TOPIC, notice)
+        left = await wait_until_idle(self.timings.grace_s, self.timings.stop_poll_s)
         worker.log_event(STOP_TOPIC, {"worker": worker.address, "state": "stopped", "left": left})
 
 
-def stop_if_running(address: str, cause: str) -> bool:
+def stop_if_running(reason: StopReason) -> bool:
     """In a worker process: ask its ranks to stop; False (and no request) if none runs."""
     if running_ranks() == 0:
         return False
-    request_stop(f"worker {address} {cause}")
+    request_stop(reason)
     return True
 
 
-async def wait_until_idle(grace_s: float) -> int:
+async def wait_until_idle(grace_s: float, poll_s: float) -> int:
     """Until no rank runs in this process, up to `grace_s`; returns how many still run."""
     deadline = time.monotonic() + grace_s
     while running_ranks() and time.monotonic() < deadline:
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(poll_s)
     if running_ranks():
         log.warning("a rank still runs %.0f s after the stop request; closing anyway", grace_s)
     return running_ranks()
@@ -206,32 +241,35 @@ class GracefulNannyStop(NannyPlugin):
     name = "ddpflow-graceful-nanny-stop"
     idempotent = True
 
-    def __init__(self, grace_s: float = DEFAULT_GRACE_S):
-        self.grace_s = grace_s
+    def __init__(self, timings: SupervisionConfig = DEFAULT_SUPERVISION):
+        self.timings = timings
 
     async def teardown(self, nanny: Any) -> None:
         if nanny.status != Status.closing or not nanny.is_alive() or not nanny.worker_address:
             return  # a replaced registration, or a worker process that is gone already
-        address = nanny.worker_address
+        address, timings = nanny.worker_address, self.timings
+        ask = timings.stop_ask_timeout_s
         try:
-            if not await _in_worker(nanny, stop_if_running, address, NANNY_CLOSING_CAUSE):
+            reason = leaving(address, "stop_nanny_closing")
+            if not await _in_worker(nanny, ask, stop_if_running, reason):
                 return
-            deadline = time.monotonic() + self.grace_s
-            while time.monotonic() < deadline and await _in_worker(nanny, running_ranks):
-                await asyncio.sleep(POLL_S)
+            deadline = time.monotonic() + timings.grace_s
+            while time.monotonic() < deadline and await _in_worker(nanny, ask, running_ranks):
+                await asyncio.sleep(timings.stop_poll_s)
         except (OSError, TimeoutError, RuntimeError) as error:
             # Most often the worker process is going already (SIGTERM to the whole process
             # group): its own handler then makes the same stop.
             log.info("could not ask %s to stop its ranks before closing it: %s", address, error)
             return
-        await asyncio.sleep(RESULT_DELAY_S)  # the rank's StopRequested reaches the scheduler
+        # The rank's StopRequested reaches the scheduler.
+        await asyncio.sleep(timings.result_delay_s)
 
 
-async def _in_worker(nanny: Any, fn: Callable[..., Any], *args: Any) -> Any:
+async def _in_worker(nanny: Any, timeout_s: float, fn: Callable[..., Any], *args: Any) -> Any:
     """`fn(*args)` in the nanny's worker process, over the worker's `run` handler."""
     async with nanny.rpc(nanny.worker_address) as worker:
         answer = await asyncio.wait_for(
-            worker.run(function=pickle.dumps(fn), args=pickle.dumps(args)), ASK_TIMEOUT_S
+            worker.run(function=pickle.dumps(fn), args=pickle.dumps(args)), timeout_s
         )
     if answer.get("status") != "OK":
         raise RuntimeError(f"{fn.__name__}() failed in the worker: {answer.get('exception')}")

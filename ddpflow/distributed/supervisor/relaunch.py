@@ -18,8 +18,8 @@ once instead of spending the remaining restarts on it.
 
 With `max_workers`, the group is elastic both ways: it starts with the workers there are (at
 least `min_workers`), a relaunch after a loss goes on with those that are left, and workers
-that join and stay `settle_s` make it grow (ddpflow.distributed.growth): the group stops at a
-step checkpoint and is relaunched larger, which is not a failure and spends no restart.
+that join and stay `settle_s` make it grow (growth.py): the group stops at a step checkpoint
+and is relaunched larger, which is not a failure and spends no restart.
 Every change of the world size is reported to `on_resize` as a `Resize`.
 """
 
@@ -29,7 +29,6 @@ import concurrent.futures
 import contextlib
 import logging
 import os
-import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,17 +37,15 @@ from typing import Any, TypeVar
 import distributed
 
 from ddpflow.config import DEFAULT_SETTLE_S
-from ddpflow.distributed.graceful_stop import DEFAULT_GRACE_S, RESULT_DELAY_S, STOP_CAUSE
-from ddpflow.distributed.growth import GrowWatch, is_grow_stop
 from ddpflow.distributed.launcher import LaunchError, cluster_workers, launch
 from ddpflow.distributed.progress import Subscriber
+from ddpflow.distributed.supervisor.growth import GrowWatch
+from ddpflow.distributed.supervisor.policy import Action, Signature, decide
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION, SupervisionConfig
+from ddpflow.distributed.supervisor.wording import words
 
 R = TypeVar("R")
 log = logging.getLogger(__name__)
-PING_TIMEOUT_S = 5.0
-# A nanny restarts a hung worker in seconds; a host cut off from the network never answers,
-# and waiting longer for it only delays the relaunch on the workers that are there.
-RESTART_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -95,12 +92,6 @@ class RepeatedFailure(RestartsExhausted):
     """The group failed twice in a row the same way before training started."""
 
 
-# Worker addresses, ports and process ids change from one attempt to the next; the failure
-# does not. Bracketed hosts are how gloo writes a peer ([127.0.0.1]:4321).
-_ADDRESS = re.compile(r"([a-z][a-z0-9+.-]*://)?(\[[^\]]*\]|[\w.-]+):\d+")
-_NUMBER = re.compile(r"\d+(\.\d+)?")
-
-
 def launch_with_restarts(
     client: distributed.Client,
     fn: Callable[..., R],
@@ -116,6 +107,7 @@ def launch_with_restarts(
     on_resize: Callable[[Resize], None] | None = None,
     resources: Mapping[str, float] | None = None,
     subscribers: Sequence[Subscriber] = (),
+    supervision: SupervisionConfig = DEFAULT_SUPERVISION,
 ) -> tuple[list[R], list[Restart]]:
     """launch() with healing and relaunch on failure; returns the results and the restarts.
 
@@ -127,6 +119,8 @@ def launch_with_restarts(
     `min_workers` of them are).
     `subscribers` are handed to every attempt's launch: one that spans the attempts (a
     progress artifact) sees the whole training.
+    `supervision`: the watch's poll intervals, question timeouts and grace periods, for
+    every attempt and for healing between them.
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts={max_restarts} must be >= 0")
@@ -136,13 +130,18 @@ def launch_with_restarts(
     restarts: list[Restart] = []
     size = world_size
     if max_workers is not None and world_size is None:
-        size = _elastic_size(client, None, min_workers, max_workers, 0.0, heal_timeout_s)
-    before_training: set[str] = set()  # the last attempt's causes, if it failed before a step
+        size = _elastic_size(
+            client, None, min_workers, max_workers, 0.0, heal_timeout_s, supervision
+        )
+    # The last attempt's failures, if it failed before a training step (policy.Decision).
+    before_training: frozenset[Signature] = frozenset()
     while True:
-        known = set(cluster_workers(client))
+        known = set(cluster_workers(client, supervision.scheduler_timeout_s))
         planned: list[str] = []
         watch = (
-            GrowWatch(client, max_workers, settle_s, resources) if max_workers is not None else None
+            GrowWatch(client, max_workers, settle_s, resources, timings=supervision)
+            if max_workers is not None
+            else None
         )
 
         def on_plan(
@@ -162,43 +161,62 @@ def launch_with_restarts(
                 resources=resources,
                 subscribers=subscribers,
                 on_plan=on_plan,
+                supervision=supervision,
             )
             return results, restarts
         except LaunchError as error:
-            grew = watch is not None and watch.target is not None
-            if grew and is_grow_stop([f.cause for f in error.failures]):
+            decision = decide(
+                error,
+                grow_asked=watch is not None and watch.target is not None,
+                previous=before_training,
+                restarts_used=len(restarts),
+                max_restarts=max_restarts,
+            )
+            if decision.action is Action.GROW:
+                assert watch is not None and max_workers is not None  # grow_asked
                 size = min(max_workers, max(len(watch.usable()), 1))
                 log.warning("the group grows from %d to %d ranks", len(planned), size)
                 if on_resize is not None:
-                    on_resize(Resize(len(planned), size, "joined", watch.joined))
-                before_training = set()
+                    on_resize(Resize(len(planned), size, decision.resize_reason, watch.joined))
+                before_training = frozenset()
                 continue  # the `finally` clears the grow's stop request before the relaunch
-            failed = [
-                f"rank {f.rank} on worker {f.worker_address}: {f.cause}" for f in error.failures
-            ]
-            _raise_if_repeated(error, before_training, len(restarts) + 1)
-            before_training = set() if error.training_started else failure_causes(error)
-            if len(restarts) >= max_restarts:
+            attempt = len(restarts) + 1
+            if decision.action is Action.GIVE_UP_REPEATED:
+                assert decision.repeated is not None
+                raise RepeatedFailure(
+                    f"{error} (attempts {attempt - 1} and {attempt} failed the same way before "
+                    "training started, so restarting will not help; fix the cause: "
+                    f"{decision.repeated.cause})",
+                    error.failures,
+                ) from error
+            before_training = decision.signatures
+            if decision.action is Action.GIVE_UP_EXHAUSTED:
                 raise RestartsExhausted(
                     f"{error} (no restart left: max_restarts={max_restarts}, {len(restarts)} used)",
                     error.failures,
                 ) from error
+            failed = [
+                words("rank_cause", rank=f.rank, worker=f.worker_address, cause=f.cause)
+                for f in error.failures
+            ]
             log.warning("DDP group failed (%s); healing the cluster and restarting", error)
             started = time.monotonic()
-            _wait_for_leavers(client, error)
-            restarted = heal(client, heal_timeout_s)
+            _wait_for_leavers(client, decision.leavers, supervision)
+            restarted = heal(client, heal_timeout_s, supervision)
             if max_workers is None:
-                size = _next_world_size(client, world_size, min_workers, heal_timeout_s)
+                size = _next_world_size(
+                    client, world_size, min_workers, heal_timeout_s, supervision
+                )
             else:
                 floor = min_workers if min_workers is not None else world_size
                 size = _elastic_size(
-                    client, len(planned), floor, max_workers, settle_s, heal_timeout_s
+                    client, len(planned), floor, max_workers, settle_s, heal_timeout_s, supervision
                 )
-            now = set(cluster_workers(client))
+            now = set(cluster_workers(client, supervision.scheduler_timeout_s))
             restart = Restart(
-                attempt=len(restarts) + 1,
+                attempt=attempt,
                 # Redacted already: a rank's error becomes text only through
-                # supervision._cause, which redacts it.
+                # watch.rank_failure, which redacts it.
                 cause=str(error),
                 failed_ranks=failed,
                 restarted_workers=restarted,
@@ -211,9 +229,8 @@ def launch_with_restarts(
             if on_restart is not None:
                 on_restart(restart)
             if on_resize is not None and planned and size is not None and size != len(planned):
-                leavers = any(STOP_CAUSE in f.cause for f in error.failures)
-                reason = "preempted" if leavers else "lost"
-                on_resize(Resize(len(planned), size, reason, restart.lost_workers))
+                resize = Resize(len(planned), size, decision.resize_reason, restart.lost_workers)
+                on_resize(resize)
         finally:
             if watch is not None:
                 watch.close()
@@ -245,53 +262,38 @@ def check_world_bounds(world_size: object, min_workers: object, max_workers: obj
             )
 
 
-def failure_causes(error: LaunchError) -> set[str]:
-    """Each failed rank's cause, with what differs between attempts of one failure
-    (addresses, ports, process ids, sizes) masked."""
-    return {_masked(f.cause) for f in error.failures}
-
-
-def _masked(cause: str) -> str:
-    return _NUMBER.sub("N", _ADDRESS.sub("ADDRESS", cause))
-
-
-def _raise_if_repeated(error: LaunchError, previous: set[str], attempt: int) -> None:
-    if error.training_started:
-        return
-    repeated = [f.cause for f in error.failures if _masked(f.cause) in previous]
-    if repeated:
-        raise RepeatedFailure(
-            f"{error} (attempts {attempt - 1} and {attempt} failed the same way before "
-            f"training started, so restarting will not help; fix the cause: {repeated[0]})",
-            error.failures,
-        ) from error
-
-
-def _wait_for_leavers(client: distributed.Client, error: LaunchError) -> None:
+def _wait_for_leavers(
+    client: distributed.Client, leavers: Sequence[str], timings: SupervisionConfig
+) -> None:
     """Wait until the workers asked to leave (SIGTERM, their nanny closing, retired) are gone:
-    each closes once its rank has stopped (ddpflow.distributed.graceful_stop), and a relaunch
-    that took it again would fail when it does."""
-    leaving = {f.worker_address for f in error.failures if STOP_CAUSE in f.cause}
-    deadline = time.monotonic() + DEFAULT_GRACE_S + RESULT_DELAY_S + 5
-    while leaving & set(cluster_workers(client)) and time.monotonic() < deadline:
-        time.sleep(0.25)
+    each closes once its rank has stopped (graceful_stop.py), and a relaunch that took it
+    again would fail when it does."""
+    leaving = set(leavers)
+    deadline = time.monotonic() + timings.leave_wait_s
+    while leaving & set(cluster_workers(client, timings.scheduler_timeout_s)):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(timings.poll_s)
 
 
-def heal(client: distributed.Client, timeout_s: float) -> list[str]:
+def heal(
+    client: distributed.Client, timeout_s: float, timings: SupervisionConfig = DEFAULT_SUPERVISION
+) -> list[str]:
     """Restart every worker that does not answer a ping; returns their old addresses."""
-    hung = unresponsive_workers(client)
+    hung = unresponsive_workers(client, timings)
     if hung:
         log.warning("restarting unresponsive workers %s", hung)
-        restart_s = min(timeout_s, RESTART_TIMEOUT_S)
+        restart_s = min(timeout_s, timings.restart_timeout_s)
         client.restart_workers(hung, timeout=restart_s, raise_for_error=False)
     return hung
 
 
 def unresponsive_workers(
-    client: distributed.Client, timeout_s: float = PING_TIMEOUT_S
+    client: distributed.Client, timings: SupervisionConfig = DEFAULT_SUPERVISION
 ) -> list[str]:
-    """Workers that do not run a trivial function within `timeout_s` (stopped, wedged)."""
-    workers = sorted(cluster_workers(client))
+    """Workers that do not run a trivial function within timings.ping_timeout_s (stopped,
+    wedged)."""
+    workers = sorted(cluster_workers(client, timings.scheduler_timeout_s))
     if not workers:
         return []
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=len(workers))
@@ -301,22 +303,26 @@ def unresponsive_workers(
         # a busy host for the worker a nanny has just started in place of a killed one: it
         # was then "restarted" as hung mid-start, and that restart could leave it gone.
         pings = {w: pool.submit(client.run, os.getpid, workers=[w]) for w in workers}
-        concurrent.futures.wait(pings.values(), timeout=timeout_s)
+        concurrent.futures.wait(pings.values(), timeout=timings.ping_timeout_s)
         return [w for w, ping in pings.items() if not ping.done() or ping.exception()]
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _next_world_size(
-    client: distributed.Client, world_size: int | None, min_workers: int | None, timeout_s: float
+    client: distributed.Client,
+    world_size: int | None,
+    min_workers: int | None,
+    timeout_s: float,
+    timings: SupervisionConfig = DEFAULT_SUPERVISION,
 ) -> int | None:
     """Wait for the full group; settle for `min_workers` when the cluster stays smaller."""
-    wanted = world_size or len(cluster_workers(client))
+    wanted = world_size or len(cluster_workers(client, timings.scheduler_timeout_s))
     try:
         client.wait_for_workers(wanted, timeout=timeout_s)
         return world_size
     except TimeoutError:
-        available = len(cluster_workers(client))
+        available = len(cluster_workers(client, timings.scheduler_timeout_s))
         floor = min_workers if min_workers is not None else wanted
         if available >= max(1, floor):
             log.warning("continuing with %d ranks instead of %d", available, wanted)
@@ -346,6 +352,7 @@ def _elastic_size(
     max_workers: int,
     rejoin_s: float,
     timeout_s: float,
+    timings: SupervisionConfig = DEFAULT_SUPERVISION,
 ) -> int:
     """An elastic group's next size: the workers there are, up to `max_workers`. A lost
     worker that comes back within `rejoin_s` (a nanny's replacement) is waited for; one
@@ -357,10 +364,10 @@ def _elastic_size(
     try:
         client.wait_for_workers(needed, timeout=timeout_s)
     except TimeoutError:
-        available = len(cluster_workers(client))
+        available = len(cluster_workers(client, timings.scheduler_timeout_s))
         raise WorkersNotBack(
             f"the DDP group needs {needed} workers (min_workers) to start, but only "
             f"{available} were there within {timeout_s:g}s (DDPFLOW_HEAL_TIMEOUT_S); lower "
             "min_workers, or find out why the workers did not come"
         ) from None
-    return min(max_workers, len(cluster_workers(client)))
+    return min(max_workers, len(cluster_workers(client, timings.scheduler_timeout_s)))

@@ -1,15 +1,15 @@
 """Growing a running group: workers that joined the cluster and stayed make it larger.
 
 While a group trains, a `GrowWatch` thread in the launching process looks at the cluster's
-workers every `POLL_S`. A worker that was not in the group is a candidate once it has been
-there for `settle_s` without a break: one that joins and leaves inside that time (a node that
-fails its start, a spot instance taken back at once) causes nothing. When the group plus its
-settled candidates is larger than the group (up to `max_workers`), the watch asks the group's
-ranks to stop, exactly as a worker that is asked to leave does (graceful_stop): fit() takes a
-step checkpoint at its next control step and every rank raises StopRequested, whose cause
-holds GROW_CAUSE. The launcher (ddpflow.distributed.elastic) then relaunches the group at the
-new size, which resumes from that checkpoint. That relaunch is not a failure and spends no
-restart.
+workers every `grow_poll_s` (ddpflow.distributed.supervisor.timings). A worker that was not
+in the group is a candidate once it has been there for `settle_s` without a break: one that
+joins and leaves inside that time (a node that fails its start, a spot instance taken back
+at once) causes nothing. When the group plus its settled candidates is larger than the group
+(up to `max_workers`), the watch asks the group's ranks to stop, exactly as a worker that is
+asked to leave does (graceful_stop): fit() takes a step checkpoint at its next control step
+and every rank raises StopRequested, whose reason is of the kind GROW. The launcher
+(relaunch.py) then relaunches the group at the new size, which resumes from that checkpoint.
+That relaunch is not a failure and spends no restart (policy.py).
 
 A rank function that never reaches a control step (its own loop, not ddpflow.fit) is never
 stopped: it finishes at the size it started with.
@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 
 import distributed
 
-from ddpflow.distributed import graceful_stop
-from ddpflow.distributed.graceful_stop import PEER_STOP_CAUSE
 from ddpflow.distributed.planning import workers_with_resources
-from ddpflow.distributed.supervision import cluster_workers
+from ddpflow.distributed.supervisor import graceful_stop
+from ddpflow.distributed.supervisor.failures import FailureKind
+from ddpflow.distributed.supervisor.graceful_stop import StopReason
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION, SupervisionConfig
+from ddpflow.distributed.supervisor.watch import cluster_workers
 
 log = logging.getLogger(__name__)
-POLL_S = 1.0
-# In the stop reason a grow gives the ranks, and so in every rank's StopRequested.
-GROW_CAUSE = "the group grows ("
 
 
 @dataclass
@@ -60,7 +59,7 @@ def grow_target(group_size: int, settled: int, max_workers: int) -> int | None:
     return target if target > group_size else None
 
 
-def ask_running_ranks_to_grow(reason: str) -> bool:
+def ask_running_ranks_to_grow(reason: StopReason) -> bool:
     """In a worker process: ask the ranks running there to stop for a grow (False: none
     runs). The reason stays until `forget_grow` clears it."""
     if graceful_stop.running_ranks() == 0:
@@ -73,19 +72,10 @@ def forget_grow() -> bool:
     """In a worker process: drop a grow's stop request, so the next group's ranks here run;
     a leaving worker's own request (SIGTERM, a close) stays."""
     reason = graceful_stop.stop_reason()
-    if reason is None or GROW_CAUSE not in reason:
+    if reason is None or reason.kind is not FailureKind.GROW:
         return False
     graceful_stop.clear()
     return True
-
-
-def is_grow_stop(causes: Sequence[str]) -> bool:
-    """Whether a group's failure is only its ranks stopping for a grow."""
-    return (
-        bool(causes)
-        and all(GROW_CAUSE in c or PEER_STOP_CAUSE in c for c in causes)
-        and any(GROW_CAUSE in c for c in causes)
-    )
 
 
 class GrowWatch:
@@ -98,8 +88,10 @@ class GrowWatch:
         settle_s: float,
         resources: Mapping[str, float] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timings: SupervisionConfig = DEFAULT_SUPERVISION,
     ):
         self.client, self.max_workers, self.resources = client, max_workers, resources
+        self.timings = timings
         self.tracker = JoinTracker(settle_s)
         self.clock = clock
         self.group: list[str] = []
@@ -123,7 +115,7 @@ class GrowWatch:
             return
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=POLL_S * 5)
+            self._thread.join(timeout=self.timings.grow_poll_s * 5)
         if self.target is not None:
             try:
                 self.client.run(forget_grow, workers=self.group, on_error="ignore")
@@ -131,13 +123,13 @@ class GrowWatch:
                 log.info("could not clear the grow request on %s: %s", self.group, error)
 
     def usable(self) -> list[str]:
-        workers = cluster_workers(self.client)
+        workers = cluster_workers(self.client, self.timings.scheduler_timeout_s)
         if self.resources:
             workers = workers_with_resources(workers, self.resources, world_size=0)
         return sorted(workers)
 
     def _run(self) -> None:
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(self.timings.grow_poll_s):
             try:
                 settled = self.tracker.settled(self.group, self.usable(), self.clock())
             except Exception as error:  # noqa: BLE001 - the scheduler may be busy: look again
@@ -147,10 +139,8 @@ class GrowWatch:
             if target is None:
                 continue
             self.joined, self.target = settled, target
-            reason = (
-                f"{GROW_CAUSE}{len(self.group)} -> {target} ranks: worker(s) "
-                f"{', '.join(settled)} joined)"
-            )
+            details = {"old": len(self.group), "new": target, "joined": ", ".join(settled)}
+            reason = StopReason(FailureKind.GROW, "stop_grow", details)
             log.info("%s; asking the group to checkpoint and stop", reason)
             try:
                 self.client.run(

@@ -18,10 +18,11 @@ from typing import Any
 
 import distributed
 
-from ddpflow.distributed.failures import RankFailure
 from ddpflow.distributed.planning import RankAssignment
+from ddpflow.distributed.supervisor.failures import FailureKind, RankFailure
+from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION
+from ddpflow.distributed.supervisor.wording import words
 
-ASK_TIMEOUT_S = 5.0  # a live worker answers in milliseconds; a hung or cut-off one never
 MAX_KEPT = 64  # rank records kept per worker process (one per rank it ran)
 
 
@@ -99,7 +100,7 @@ def ask_each(
     fn: Callable[..., Any],
     *args: Any,
     workers: Sequence[str],
-    timeout_s: float = ASK_TIMEOUT_S,
+    timeout_s: float = DEFAULT_SUPERVISION.ask_timeout_s,
 ) -> dict[str, Any]:
     """`fn(*args)` on each worker at once, each call bounded: worker -> its answer.
 
@@ -125,16 +126,23 @@ class StepWatch:
         plan: list[RankAssignment],
         launch_id: str,
         timeout_s: float,
+        ask_timeout_s: float = DEFAULT_SUPERVISION.ask_timeout_s,
     ):
         self.client, self.plan, self.launch_id, self.timeout_s = client, plan, launch_id, timeout_s
+        self.ask_timeout_s = ask_timeout_s
         now = time.monotonic()
         self.last = {a.rank: now for a in plan}  # this process's clock
         self.silent: set[int] = set()
         self.training_started = False
 
     def refresh(self, ranks: Sequence[RankAssignment]) -> None:
+        workers = [a.worker_address for a in ranks]
         answers = ask_each(
-            self.client, rank_progress, self.launch_id, workers=[a.worker_address for a in ranks]
+            self.client,
+            rank_progress,
+            self.launch_id,
+            workers=workers,
+            timeout_s=self.ask_timeout_s,
         )
         now = time.monotonic()
         for a in ranks:
@@ -152,12 +160,12 @@ class StepWatch:
         self.refresh(running)
         now = time.monotonic()
         return [
-            RankFailure(a.rank, a.worker_address, self._cause(a.rank))
+            RankFailure(a.rank, a.worker_address, FailureKind.STALLED, self._cause(a.rank))
             for a in running
             if now - self.last[a.rank] > self.timeout_s
         ]
 
     def _cause(self, rank: int) -> str:
-        why = "; its worker does not answer (hung or cut off)" if rank in self.silent else ""
         # The limit, not the measured time: the same stall reads the same in every attempt.
-        return f"no training step for more than {self.timeout_s:g} s (rank_timeout_s){why}"
+        message = "stalled_silent" if rank in self.silent else "stalled"
+        return words(message, timeout_s=self.timeout_s)
