@@ -22,8 +22,9 @@ from ddpflow.preflight.checks import (
     probe_http_off_loop,
 )
 from ddpflow.preflight.folder_probe import probe_folder_off_loop
+from ddpflow.preflight.import_probe import import_failures
 from ddpflow.preflight.plain_scheduler import warn_if_plain_tcp
-from ddpflow.storage.redact import redact_url
+from ddpflow.storage.redact import clean_cause, redact_url
 
 # Slack on top of the probe's own timeout for the scheduler's round trip to every worker.
 PROBE_SLACK_S = 10.0
@@ -45,6 +46,7 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
     # The LocalCluster a flow starts runs on this host with the API URL in its environment;
     # any other cluster's workers may sit where the API cannot be reached.
     if settings.cluster_kind != "local":
+        check_cluster_imports_project(client)
         check_workers_reach_flow_api(client)
         check_workers_reach_stores(client, settings)
     if settings.rank_resources:  # ranks only on workers that declare them, e.g. GPU=1
@@ -84,6 +86,39 @@ def check_workers_reach_flow_api(
 
 
 SHARED_FOLDER_FIX = "mount one shared folder at the same path on every host, or use s3://"
+IMPORT_FIX = (
+    "Start the scheduler and every worker with this checkout (the folder holding flows/ and "
+    "tasks/, the same commit) on their PYTHONPATH, as docs/multi-host.md shows"
+)
+
+
+def check_cluster_imports_project(
+    client: distributed.Client, timeout_s: float = API_PROBE_TIMEOUT_S
+) -> None:
+    """The scheduler and every worker import the checkout's `flows` and `tasks` (the task
+    graph refers to them), or the flow stops here, before any task, naming the fix."""
+
+    try:
+        answers: dict[str, object] = dict(
+            client.run(import_failures, on_error="return", callback_timeout=timeout_s)
+        )
+    except Exception as error:  # noqa: BLE001 - a probe that cannot run is a failed check
+        raise PreflightError(
+            f"could not ask the Dask workers whether they import this checkout's code "
+            f"({type(error).__name__}: {error}). {IMPORT_FIX}."
+        ) from clean_cause(error)
+    try:
+        answers["the scheduler"] = client.run_on_scheduler(import_failures)
+    except Exception as error:  # noqa: BLE001 - a scheduler without ddpflow says so here
+        answers["the scheduler"] = f"{type(error).__name__}: {error}"
+    failed = {name: str(answer) for name, answer in answers.items() if answer is not None}
+    if failed:
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in sorted(failed.items()))
+        raise PreflightError(
+            f"{len(failed)} of {len(answers)} Dask processes (scheduler and workers) cannot "
+            f"import this checkout's code, which the flow's tasks refer to ({reasons}). "
+            f"{IMPORT_FIX}."
+        )
 
 
 def check_workers_reach_stores(

@@ -238,10 +238,32 @@ def test_preflight_stops_a_flow_whose_workers_cannot_reach_its_api(tmp_path: Pat
     assert_none_left(mark)
 
 
+def test_preflight_stops_a_flow_on_a_cluster_that_cannot_import_the_checkout(
+    tmp_path: Path,
+) -> None:
+    """Scheduler and workers started without the checkout on PYTHONPATH: the check names
+    each of them and the fix, instead of Dask's "No module named 'flows'" at the first task."""
+    from ddpflow.preflight.checks import PreflightError
+    from flows.preflight import check_cluster_imports_project
+
+    with (
+        external_dask(tmp_path, uuid.uuid4().hex, PYTHONPATH="") as (scheduler, _),
+        distributed.Client(scheduler.url, timeout=10) as client,
+    ):
+        names = sorted(client.scheduler_info()["workers"])
+        with pytest.raises(PreflightError) as info:
+            check_cluster_imports_project(client)
+    message = str(info.value)
+    assert "3 of 3 Dask processes" in message, message
+    assert all(name in message for name in [*names, "the scheduler"]), message
+    assert "No module named 'flows'" in message and "PYTHONPATH" in message
+    assert "docs/multi-host.md" in message
+
+
 def test_worker_probe_names_each_worker_and_is_bounded(tmp_path: Path) -> None:
     """The check itself on real workers: a closed port fails within seconds, naming both."""
     from ddpflow.preflight.checks import PreflightError
-    from flows.preflight import check_workers_reach_flow_api
+    from flows.preflight import check_cluster_imports_project, check_workers_reach_flow_api
 
     mark = uuid.uuid4().hex
     closed = f"http://127.0.0.1:{free_port()}/api"
@@ -250,6 +272,7 @@ def test_worker_probe_names_each_worker_and_is_bounded(tmp_path: Path) -> None:
         distributed.Client(scheduler.url, timeout=10) as client,
     ):
         names = sorted(client.scheduler_info()["workers"])
+        check_cluster_imports_project(client)  # with the checkout on PYTHONPATH: passes
         started = time.monotonic()
         with pytest.raises(PreflightError) as info:
             check_workers_reach_flow_api(client, closed, timeout_s=3)

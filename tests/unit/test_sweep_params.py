@@ -62,10 +62,12 @@ def test_cli_parses_json_for_dict_and_list_parameters() -> None:
         _parse("--grid", "{lr: 0.1}")
 
 
-@pytest.mark.parametrize(("text", "value"), [("true", True), ("False", False), ("1", True)])
-def test_cli_text_for_a_bool_is_parsed_by_the_model(text: str, value: bool) -> None:
-    given = _parse("--promote", text)
+@pytest.mark.parametrize(("flag", "value"), [("--promote", True), ("--no-promote", False)])
+def test_a_bool_is_a_switch_on_the_command_line(flag: str, value: bool) -> None:
+    given = _parse(flag)
     assert validate_params(SweepParams, {**VALID, **given}).promote is value
+    with pytest.raises(SystemExit):  # a switch takes no value
+        _parse("--promote", "true")
 
 
 def test_cli_passes_only_what_was_given_and_numbers_as_text_the_model_parses() -> None:
