@@ -39,8 +39,10 @@ from ddpflow.tracking.run import (
     end_run,
     failed_on_error,
     log_restart,
+    log_world_sizes,
     sqlite_folder,
     start_run,
+    world_size_history,
 )
 from ddpflow.tracking.spool import Unsent
 from ddpflow.training.settings import TrainSettings, check_seed
@@ -124,7 +126,9 @@ def run(
     max_workers: makes the group elastic both ways: it starts with the workers there are
         (world_size, if given), and workers that join and stay `settle_s` seconds make it
         grow, up to max_workers, at ddpflow.fit's next control step (a step checkpoint, then
-        a relaunch that spends no restart). on_resize gets each change (a Resize).
+        a relaunch that spends no restart). on_resize gets each change (a Resize); the run's
+        tags `ddpflow.final_world_size` and `ddpflow.world_sizes` name the size it ended at
+        and every size it ran at.
     timeout_s: bounds rank start-up, each collective and the time between two heartbeats.
     on_progress: gets each ctx.report() line; on_restart: each Restart (cause, attempt).
     on_event: gets every progress event (ddpflow.distributed.progress.Progress) of every
@@ -160,6 +164,13 @@ def run(
         if on_restart is not None:
             on_restart(restart)
 
+    resizes: list[Resize] = []
+
+    def resized(resize: Resize) -> None:
+        resizes.append(resize)  # the run's tags name every size once training ends
+        if on_resize is not None:
+            on_resize(resize)
+
     with failed_on_error(ref) if owned else nullcontext():
         outcomes, _ = launch_with_restarts(
             client,
@@ -175,9 +186,11 @@ def run(
             timeout_s=timeout_s,
             max_restarts=max_restarts,
             on_restart=restarted,
-            on_resize=on_resize,
+            on_resize=resized,
             subscribers=subscribers(on_progress, on_event),
         )
+        if ref is not None:
+            log_world_sizes(ref, world_size_history(resizes, len(outcomes)))
     result, unsent = outcomes[0]
     if owned:
         end_run(ref, unsent=unsent)  # a run that lacks logging calls is tagged so

@@ -17,7 +17,7 @@ from ddpflow.shards.index import is_index_uri
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.tracking.run import end_run, failed_on_error
+from ddpflow.tracking.run import end_run, failed_on_error, world_sizes_text
 from ddpflow.tracking.spool import Unsent
 from ddpflow.training.speed.settings import SpeedSettings
 from ddpflow.workloads.charlm.config import CharLSTMConfig
@@ -57,11 +57,13 @@ class CharLMSummary:
     checkpoint_uri: str
     checkpoint_dir: str
     model_version: str
-    world_size: int
+    world_size: int  # the size the training ended at
     # Logging calls MLflow never took (ddpflow.tracking.spool); the run is tagged with them.
     unsent: tuple[Unsent, ...] = ()
     # (checkpoints, bytes) the store keeps once training is done; MLflow keeps the same.
     kept: tuple[int, int] = (0, 0)
+    # Every size the group trained at, in order, the last `world_size` (a grow: (2, 3)).
+    world_sizes: tuple[int, ...] = ()
 
     def render(self, settings: Settings, experiment_id: str | None = None) -> str:
         return "\n".join(
@@ -69,7 +71,7 @@ class CharLMSummary:
                 "",
                 "ddpflow: pet-name model trained",
                 f"  MLflow run id      {self.run_id}",
-                f"  world size         {self.world_size} ranks",
+                f"  world size         {world_sizes_text(self.world_sizes or (self.world_size,))}",
                 f"  final val loss     {self.final_val_loss:.4f}",
                 f"  generated names    {', '.join(n or '(empty)' for n in self.names)}",
                 f"  novel names        {self.novel_fraction:.0%} not in the training set",
@@ -254,7 +256,8 @@ def _train_evaluate_register(
         checkpoint_uri=checkpoint,
         checkpoint_dir=checkpoint_dir,
         model_version=version,
-        world_size=world_size,
+        world_size=trained.world_sizes[-1] if trained.world_sizes else world_size,
+        world_sizes=trained.world_sizes,
         unsent=trained.unsent,
         kept=storage.folder_usage(checkpoint_dir, ".pt"),
     )

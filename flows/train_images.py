@@ -24,7 +24,7 @@ from ddpflow.shards.index import is_index_uri
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.tracking.run import end_run, failed_on_error
+from ddpflow.tracking.run import end_run, failed_on_error, world_sizes_text
 from ddpflow.tracking.spool import Unsent
 from ddpflow.training.speed.settings import SpeedSettings
 from ddpflow.workloads.vision.config import ImageModelConfig
@@ -70,11 +70,13 @@ class ImageSummary:
     checkpoint_dir: str
     report_dir: str
     model_version: str
-    world_size: int
+    world_size: int  # the size the training ended at
     # Logging calls MLflow never took (ddpflow.tracking.spool); the run is tagged with them.
     unsent: tuple[Unsent, ...] = ()
     # (checkpoints, bytes) the store keeps once training is done; MLflow keeps the same.
     kept: tuple[int, int] = (0, 0)
+    # Every size the group trained at, in order, the last `world_size` (a grow: (2, 3)).
+    world_sizes: tuple[int, ...] = ()
     # Always answering the validation set's most common class scores this.
     baseline_accuracy: float = float("nan")
     # What makes the accuracy no result (ImageEvalResult.warnings); empty when nothing does.
@@ -86,7 +88,7 @@ class ImageSummary:
                 "",
                 "ddpflow: image classifier trained",
                 f"  MLflow run id      {self.run_id}",
-                f"  world size         {self.world_size} ranks",
+                f"  world size         {world_sizes_text(self.world_sizes or (self.world_size,))}",
                 f"  val accuracy       {self.val_accuracy:.2%} of {self.num_val} images "
                 f"(majority-class baseline {self.baseline_accuracy:.2%})",
                 *(f"  WARNING            {warning}" for warning in self.warnings),
@@ -324,7 +326,8 @@ def _train_evaluate_register(
         checkpoint_dir=checkpoint_dir,
         report_dir=report_dir,
         model_version=version,
-        world_size=world_size,
+        world_size=trained.world_sizes[-1] if trained.world_sizes else world_size,
+        world_sizes=trained.world_sizes,
         unsent=trained.unsent,
         kept=storage.folder_usage(checkpoint_dir, ".pt"),
         baseline_accuracy=evaluation.baseline_accuracy,

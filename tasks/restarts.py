@@ -19,7 +19,12 @@ from ddpflow.integrations.prefect.flow_client import current_dask_client, flow_s
 from ddpflow.integrations.prefect.progress_artifact import ProgressArtifact, progress_artifact
 from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.tracking.run import log_restart
+from ddpflow.tracking.run import (
+    log_restart,
+    log_world_sizes,
+    world_size_history,
+    world_sizes_text,
+)
 from ddpflow.training.result import TrainResult
 from tasks.tracking_report import publish_unsent
 
@@ -87,6 +92,7 @@ def train_ddp(
     if cluster is not None:  # a cluster the flow started grows as the training may
         asked = ask_for_workers(cluster, max_workers)
         get_run_logger().info("max_workers=%d: %s", max_workers, asked)
+    resizes: list[Resize] = []
     with progress_artifact(workload.progress_key, "DDP training") as artifact:
         results, restarts = launch_with_restarts(
             client,
@@ -102,12 +108,18 @@ def train_ddp(
             timeout_s=rank_timeout_s,
             max_restarts=max_restarts,
             on_restart=lambda restart: log_restart(run, restart.attempt, restart.cause),
-            on_resize=lambda resize: announce_resize(run, resize, artifact),
+            on_resize=lambda resize: announce_resize(run, resize, artifact, resizes),
             heal_timeout_s=launch.heal_timeout_s,
             resources=launch.rank_resources,  # e.g. {"GPU": 1}: GPU workers only
             # Rank 0's per-epoch lines in this task's log, its steps in the artifact.
             subscribers=(line_subscriber(get_run_logger().info), artifact.update),
         )
+        # What trained: the ranks that returned are the size it ended at; the resizes, the
+        # sizes before (the `world_size` param stays the size it was launched with).
+        sizes = world_size_history(resizes, len(results))
+        log_world_sizes(run, sizes)
+        ended = f"ended at world size {world_sizes_text(sizes)}"
+        artifact.note_size(f"{artifact.size_note}; {ended}" if artifact.size_note else ended)
     if restarts:
         create_markdown_artifact(
             markdown=restarts_markdown(run, restarts),
@@ -117,15 +129,19 @@ def train_ddp(
     result, unsent = results[0]
     if unsent:
         publish_unsent(run, unsent, workload.incomplete_key)
-    return replace(result, unsent=unsent)
+    return replace(result, unsent=unsent, world_sizes=sizes)
 
 
 RESIZED_EVENT = "ddpflow.training.resized"
 
 
-def announce_resize(run: RunRef, resize: Resize, artifact: ProgressArtifact) -> None:
+def announce_resize(
+    run: RunRef, resize: Resize, artifact: ProgressArtifact, resizes: list[Resize]
+) -> None:
     """A world-size change in the task's log, as a Prefect event and on the progress
-    artifact. (The MLflow run has it as the `world_size` metric, which fit logs.)"""
+    artifact, kept in `resizes` for the sizes the training ended with. (The MLflow run has
+    it as the `world_size` metric, which fit logs, and its tags once training ends.)"""
+    resizes.append(resize)
     line = (
         f"world size {resize.old_size} -> {resize.new_size} ({resize.reason}: "
         f"{', '.join(resize.workers) or 'no worker named'})"

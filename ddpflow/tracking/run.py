@@ -14,11 +14,11 @@ import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import mlflow
 import numpy as np
-from mlflow.entities import Param
+from mlflow.entities import Param, RunTag
 from mlflow.models import infer_signature
 from mlflow.tracking import MlflowClient
 
@@ -102,6 +102,55 @@ def log_restart(run: RunRef, attempt: int, cause: str) -> None:
     shown = redact_text(cause)[:MAX_PARAM_LEN]
     client.set_tag(run.run_id, f"ddpflow.restart.{attempt}.cause", shown)
     client.log_metric(run.run_id, "restarts", attempt, step=attempt)
+
+
+FINAL_WORLD_SIZE_TAG = "ddpflow.final_world_size"  # the size the training ended at
+WORLD_SIZES_TAG = "ddpflow.world_sizes"  # every size it ran at, in order: "2 → 3 → 2"
+
+
+class SizeChange(Protocol):
+    """A change of the group's size (ddpflow.distributed.supervisor.relaunch.Resize)."""
+
+    old_size: int
+    new_size: int
+
+
+def world_size_history(changes: Sequence[SizeChange], final: int) -> tuple[int, ...]:
+    """The group's sizes in order, from the first launch's to `final` (the ranks that
+    returned): (2, 3, 2) for a group that grew and then lost a worker, (2,) for none."""
+    sizes = [changes[0].old_size, *(c.new_size for c in changes)] if changes else []
+    if not sizes or sizes[-1] != final:
+        sizes.append(final)
+    return tuple(sizes)
+
+
+def world_sizes_text(sizes: Sequence[int]) -> str:
+    """'3 ranks (2 → 3)' after a change of size, '2 ranks' without one."""
+    history = f" ({' → '.join(map(str, sizes))})" if len(sizes) > 1 else ""
+    return f"{sizes[-1]} ranks{history}"
+
+
+def log_world_sizes(
+    run: RunRef, sizes: Sequence[int], timeout_s: float = END_RUN_TIMEOUT_S
+) -> None:
+    """Tag the run with the size the training ended at and every size it ran at. The
+    `world_size` param is the size it was launched with (params never change), and the
+    `world_size` metric has a point per attempt.
+
+    A training that finished is not failed for want of these tags: with MLflow slow or
+    down (its client retries for minutes) this waits at most `timeout_s` and warns."""
+    tags = {FINAL_WORLD_SIZE_TAG: str(sizes[-1]), WORLD_SIZES_TAG: " → ".join(map(str, sizes))}
+    what = f"tagging MLflow run {run.run_id} with its world sizes"
+
+    def tag() -> None:
+        MlflowClient(run.tracking_uri).log_batch(
+            run.run_id, tags=[RunTag(k, v) for k, v in tags.items()]
+        )
+
+    try:
+        call_bounded(tag, timeout_s, what)
+    except Exception as error:  # noqa: BLE001 - a record of the training, not the training
+        log.warning("%s failed: %s", what, redact_text(str(error)))
 
 
 def register_pt2_model(

@@ -69,6 +69,8 @@ class FitProgress:
             f"val loss {stats.val_loss:.4f}{extra}, {stats.samples_per_s:,.0f} samples/s, "
             f"{stats.epoch_time_s:.1f} s"
         )
+        if stats.resumed_at_step is not None:  # the rate and time are the resumed part's
+            line += f" (the steps since the resume at step {stats.resumed_at_step})"
         done = stats.epoch * self.steps
         self.ctx.send(self._progress(stats.epoch, done, stats.train_loss, line, stats.val_loss))
         self.last_line = self.last_steps = time.monotonic()

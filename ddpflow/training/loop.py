@@ -115,10 +115,7 @@ def fit_loop(
     if position is not None and position.epoch != plan.start_epoch:
         raise ValueError(f"resume_at is inside epoch {position.epoch}, not {plan.start_epoch}")
     if position is not None:
-        progress.report(
-            f"resuming at epoch {position.epoch + 1}/{plan.epochs}, step "
-            f"{position.step}/{steps_per_epoch} (a checkpoint inside the epoch)"
-        )
+        progress.report(resume_line(position, plan, len(train), ctx.world_size, steps_per_epoch))
     elif plan.start_epoch > 0:
         progress.report(f"resuming after epoch {plan.start_epoch}/{plan.epochs}")
     clock = CheckpointClock(plan.checkpoints, ctx.world_size, ctx.device)
@@ -134,7 +131,7 @@ def fit_loop(
     logger.log_metrics({"world_size": float(ctx.world_size)}, step=next_step if at is None else at)
     for epoch in range(plan.start_epoch, plan.epochs):
         started = time.perf_counter()
-        train_loss, num_samples, next_step = _train_epoch(
+        train_loss, ran_samples, next_step = _train_epoch(
             model=model,
             optimizer=optimizer,
             data=train,
@@ -151,18 +148,27 @@ def fit_loop(
             resume_at=position,
             checkpoints=steps,
         )
+        resumed_at = (
+            None
+            if position is None
+            else steps_done_at(position, plan, len(train), ctx.world_size, steps_per_epoch)
+        )
         position = None
         elapsed = time.perf_counter() - started
         val_metrics = _validate(model, val, ctx, plan, hooks)
         val_loss = val_metrics.pop("val_loss")
+        # The rate and the time count one span: the steps this attempt ran. An epoch resumed
+        # from a checkpoint inside it counts the samples since the resume over the seconds
+        # since the resume, never the whole epoch's samples over part of its time.
         stats = EpochStats(
             epoch + 1,
             train_loss,
             val_loss,
-            num_samples / elapsed,
+            ran_samples / elapsed,
             elapsed,
             val_metrics,
             last_step=next_step,
+            resumed_at_step=resumed_at,
         )
         _log_epoch(logger, stats)
         progress.epoch_done(stats)
@@ -181,6 +187,35 @@ def fit_loop(
         if epoch + 1 < plan.epochs and (stop := clock.stop_requested()) is not None:
             raise StopRequested(stop, epoch=epoch + 1)
     return history
+
+
+def steps_done_at(
+    position: EpochPosition, plan: FitPlan, num_samples: int, world_size: int, per_epoch: int
+) -> int:
+    """The steps of the epoch a checkpoint inside it had done, in `world_size`'s steps.
+
+    Another size cuts the epoch into other steps: 540 steps at 2 ranks are 360 at 3. The
+    samples done are what both sizes agree on, so the steps left at this size come from them.
+    """
+    if position.world_size == world_size:
+        return position.step
+    left = step_sizes(num_samples, plan.batch_size, world_size, position.samples, plan.global_batch)
+    return max(0, per_epoch - len(left))
+
+
+def resume_line(
+    position: EpochPosition, plan: FitPlan, num_samples: int, world_size: int, per_epoch: int
+) -> str:
+    """The resume's progress line: its step and the epoch's steps at one world size (this
+    one), and the checkpoint's own step when it was written at another size."""
+    done = steps_done_at(position, plan, num_samples, world_size, per_epoch)
+    line = (
+        f"resuming at epoch {position.epoch + 1}/{plan.epochs}, step {done}/{per_epoch} "
+        f"at {world_size} rank(s) (a checkpoint inside the epoch"
+    )
+    if position.world_size != world_size:
+        line += f", written at step {position.step} of {position.world_size} rank(s)"
+    return line + ")"
 
 
 def _validate(
@@ -242,13 +277,14 @@ def _train_epoch(
     speed: TrainSpeed | None = None,
     loss_fn: Loss | None = None,
 ) -> tuple[float, int, int]:
-    """One epoch (or its rest, from `resume_at`): (mean training loss, samples, all ranks;
-    the global step after its last step). `first_step` is the global step it starts after."""
+    """One epoch (or its rest, from `resume_at`): (the epoch's mean training loss, the samples
+    this call trained on over all ranks, the global step after its last step). `first_step`
+    is the global step it starts after."""
     speed = speed or TrainSpeed(device=ctx.device)
     model.train()
     loss_sum = torch.zeros(2, dtype=torch.float64)  # (sum of loss * samples, samples)
     window = StepWindow()
-    done, start = 0, 0
+    done, start, ran = 0, 0, 0
     if resume_at is not None:  # go on where the checkpoint inside this epoch left off
         start = resume_at.samples
         loss_sum = resume_at.loss_sum_for(ctx.rank, ctx.world_size)
@@ -258,10 +294,7 @@ def _train_epoch(
     if (start_epoch := getattr(data, "start_epoch", None)) is not None:
         start_epoch(epoch, batches)  # samples.StreamedSamples
     if resume_at is not None:
-        # Steps done, in this world size's steps (another size cuts the epoch differently):
-        # the progress then reads "step k of steps_per_epoch" at the new size.
-        same = resume_at.world_size == ctx.world_size
-        done = resume_at.step if same else max(0, steps_per_epoch - len(batches))
+        done = steps_done_at(resume_at, plan, len(data), ctx.world_size, steps_per_epoch)
         if resume_at.global_step is not None:
             first_step = resume_at.global_step - done
     end = done + len(batches)
@@ -291,6 +324,7 @@ def _train_epoch(
         ctx.heartbeat(first_step + i + 1)  # the launcher fails a rank that stops stepping
         batch_loss = loss.item()
         loss_sum += torch.tensor([batch_loss * len(index), len(index)], dtype=torch.float64)
+        ran += len(index)
         extra = step_metrics(logits.detach(), y) if step_metrics is not None else {}
         window.add(batch_loss, len(index), extra)
         if (i + 1) % plan.log_every_steps == 0:
@@ -311,5 +345,8 @@ def _train_epoch(
             checkpoints.write(ctx, logger, position)
         if stop is not None:
             raise StopRequested(stop, epoch=epoch + 1, step=i + 1)
-    all_reduce_sum(loss_sum, ctx)
-    return float(loss_sum[0] / loss_sum[1]), int(loss_sum[1]), first_step + end
+    # One collective for both: the epoch's loss sums (the checkpoint's part included) and
+    # the samples this call ran (the epoch's rate counts these only).
+    totals = torch.cat([loss_sum, torch.tensor([float(ran)], dtype=torch.float64)])
+    all_reduce_sum(totals, ctx)
+    return float(totals[0] / totals[1]), int(totals[2]), first_step + end

@@ -19,6 +19,10 @@ class EpochStats:
     # The global step after the epoch's last (the training's optimizer steps so far, at
     # whatever world sizes): a resume after this epoch numbers its steps on from here.
     last_step: int | None = None
+    # The epoch's steps done before this attempt resumed inside it (a checkpoint inside the
+    # epoch, counted in this attempt's world size), None: it ran whole. samples_per_s and
+    # epoch_time_s then count the steps since the resume only.
+    resumed_at_step: int | None = None
 
 
 @dataclass(frozen=True)
@@ -30,3 +34,6 @@ class TrainResult:
     latest_checkpoint: str | None  # rank 0's; None on the other ranks
     # Rank 0's logging calls MLflow had not taken when training ended (ddpflow.tracking.spool).
     unsent: tuple[Unsent, ...] = ()
+    # The group's sizes over the whole training, in order, the last the one it ended at
+    # (the launcher's record: set by the flows' train-ddp task; empty on the ranks).
+    world_sizes: tuple[int, ...] = ()

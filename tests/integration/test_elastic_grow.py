@@ -9,6 +9,7 @@ epoch trained on over all attempts.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -24,6 +25,7 @@ from mlflow.tracking import MlflowClient
 import ddpflow
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervisor.watch import cluster_workers
+from ddpflow.tracking.run import FINAL_WORLD_SIZE_TAG, WORLD_SIZES_TAG
 from tests.integration.grow_functions import EPOCHS, SAMPLES, recorded_fit, samples_by_epoch
 
 SETTLE_S = 5.0
@@ -56,10 +58,24 @@ class _Timeline:
         self.error: BaseException | None = None
         self.unpause_on_resize: Path | None = None
         self.steps_dir = Path()
+        self.lines: list[str] = []
 
     def on_event(self, progress: ddpflow.Progress) -> None:
         if progress.step:
             self.stepping.set()
+        if progress.line:
+            self.lines.append(progress.line)
+
+    def assert_resumes_count_one_world_size(self) -> None:
+        """Each resume inside an epoch states its step and the epoch's steps at one size."""
+        resumes = [
+            re.search(r"step (\d+)/(\d+) at (\d+) rank", line)
+            for line in self.lines
+            if line.startswith("resuming at epoch") and "inside the epoch" in line
+        ]
+        assert resumes, self.lines
+        for found in resumes:
+            assert found and int(found[1]) <= int(found[2]), self.lines
 
     def on_resize(self, resize: ddpflow.Resize) -> None:
         self.resizes.append(resize)
@@ -186,6 +202,9 @@ def test_a_worker_that_joins_and_stays_grows_the_group_one_that_visits_does_not(
     mlflow, run_id = _the_run(tmp_path)
     sizes = mlflow.get_metric_history(run_id, "world_size")
     assert [m.value for m in sorted(sizes, key=lambda m: m.step)] == [2.0, 3.0]
+    tags = mlflow.get_run(run_id).data.tags
+    assert (tags[FINAL_WORLD_SIZE_TAG], tags[WORLD_SIZES_TAG]) == ("3", "2 → 3")
+    line.assert_resumes_count_one_world_size()
     logged = [m.step for m in mlflow.get_metric_history(run_id, "train_loss")]
     assert sorted(logged) == list(range(1, max(logged) + 1)), "each training step logged once"
     _assert_each_sample_once_per_epoch(tmp_path)
@@ -237,6 +256,9 @@ def test_grow_then_lose_goes_on_at_the_smaller_size_with_each_sample_once(tmp_pa
     mlflow, run_id = _the_run(tmp_path)
     sizes = sorted(mlflow.get_metric_history(run_id, "world_size"), key=lambda m: m.step)
     assert [m.value for m in sizes] == [2.0, 3.0, 2.0]
+    tags = mlflow.get_run(run_id).data.tags
+    assert (tags[FINAL_WORLD_SIZE_TAG], tags[WORLD_SIZES_TAG]) == ("2", "2 → 3 → 2")
+    line.assert_resumes_count_one_world_size()
     _assert_each_sample_once_per_epoch(tmp_path)
 
 

@@ -32,6 +32,7 @@ from prefect.settings import PREFECT_API_URL
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervisor import heartbeats
 from ddpflow.distributed.supervisor.timings import DEFAULT_SUPERVISION
+from ddpflow.tracking.run import FINAL_WORLD_SIZE_TAG, WORLD_SIZES_TAG
 from flows.params import CharLMParams, SweepParams
 from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
@@ -388,7 +389,13 @@ def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(start, t
     line = re.search(r"world size 2 -> 3 \(joined: (tcp|tls)://127\.0\.0\.1:\d+\)", output)
     assert line, output[-4000:]
     assert [value for _, value in metric_points(tmp_path, "world_size")] == [2.0, 3.0]
+    # What trained, not what started: the summary, the run's tags and the artifact name the
+    # size it ended at and the history; the param stays the size it was launched with.
+    assert "  world size         3 ranks (2 → 3)" in output, output[-4000:]
     _, run = the_run(tmp_path)
+    assert run.data.tags[FINAL_WORLD_SIZE_TAG] == "3"
+    assert run.data.tags[WORLD_SIZES_TAG] == "2 → 3"
+    assert run.data.params["world_size"] == "2"
     assert "ddpflow.restarts" not in run.data.tags, "a grow is not a restart"
     url = prefect_url()
     deadline = time.monotonic() + 60
@@ -406,3 +413,5 @@ def test_a_flow_with_max_workers_grows_onto_the_worker_its_cluster_adds(start, t
         {"artifacts": {"key": {"any_": ["charlm-progress"]}, "flow_run_id": this_run}},
     )  # fmt: skip
     assert any(line.group(0) in (a.get("description") or "") for a in progress), progress
+    ended = "ended at world size 3 ranks (2 → 3)"
+    assert any(ended in (a.get("description") or "") for a in progress), progress

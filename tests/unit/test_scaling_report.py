@@ -44,6 +44,17 @@ def test_steady_rate_skips_the_first_epoch_and_weighs_by_time() -> None:
     assert steady_samples_per_s(history) == pytest.approx(175.0)
 
 
+# docs/scaling.md: an epoch a restart cut into (resumed from a checkpoint inside it) is
+# never in the steady rate.
+def test_steady_rate_leaves_out_an_epoch_a_restart_cut_into() -> None:
+    cut = EpochStats(3, 3.1, 3.0, 20.0, 1.0, resumed_at_step=40)
+    history = [_epoch(1, 10.0, 5.0), _epoch(2, 100.0, 1.0), cut, _epoch(4, 200.0, 3.0)]
+    assert steady_samples_per_s(history) == pytest.approx(175.0)
+    # A cut first epoch is left out as a cut one; the epoch after it is whole and counts.
+    assert steady_samples_per_s([cut, _epoch(4, 200.0, 3.0)]) == pytest.approx(200.0)
+    assert math.isnan(steady_samples_per_s([cut]))
+
+
 def test_steady_rate_of_a_single_epoch_is_that_epoch() -> None:
     assert steady_samples_per_s([_epoch(1, 42.0, 2.0)]) == 42.0
     assert math.isnan(steady_samples_per_s([]))

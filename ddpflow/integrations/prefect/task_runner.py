@@ -65,7 +65,10 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
         serves no dashboard there (`dask scheduler --no-dashboard`, no bokeh)."""
         if self._client:
             return self._client
-        quiet = _Without(DASHBOARD_LINE)
+        # prefect-dask also announces "Creating a new Dask cluster with `<our factory>`"
+        # here, before the factory runs; the factory says what it did instead (it may adopt
+        # the cluster started beside the embedded API, which that line would contradict).
+        quiet = _Without(DASHBOARD_LINE, f"{CREATING_LINE} `{__name__}.")
         self.logger.addFilter(quiet)
         try:
             client = DaskTaskRunner.client.fget(self)
@@ -81,15 +84,7 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
             # Built with no settings (a flow decorator, at import): the cluster settings are
             # read now, when the flow run starts, so importing a flow reads no environment.
             configure(self, Settings.from_env())
-        # prefect-dask announces "Creating a new Dask cluster with `<our factory>`" before
-        # the factory runs; the factory says what it did instead (it may adopt the cluster
-        # started beside the embedded API, which that line would contradict).
-        quiet = _Without(f"{CREATING_LINE} `{__name__}.")
-        self.logger.addFilter(quiet)
-        try:
-            runner = super().__enter__()
-        finally:
-            self.logger.removeFilter(quiet)
+        runner = super().__enter__()
         self.entered = True
         return runner
 
@@ -241,14 +236,14 @@ def configure(runner: DaskTaskRunner, settings: Settings) -> None:
 
 
 class _Without(logging.Filter):
-    """Drops the records whose message starts with `prefix`."""
+    """Drops the records whose message starts with one of `prefixes`."""
 
-    def __init__(self, prefix: str):
+    def __init__(self, *prefixes: str):
         super().__init__()
-        self.prefix = prefix
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not record.getMessage().startswith(self.prefix)
+        return not record.getMessage().startswith(self.prefixes)
 
 
 def _dashboard_served(link: str, timeout_s: float = 5.0) -> bool:

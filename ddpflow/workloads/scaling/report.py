@@ -68,14 +68,19 @@ class SizeResult:
 
 
 def steady_samples_per_s(history: Sequence[EpochStats]) -> float:
-    """Samples per second over every epoch but the first, or the only epoch there is.
+    """Samples per second over every epoch but the first (the first alone when there is no
+    other), never over an epoch a restart cut into.
 
     The first epoch pays for warm-up (allocator, caches, the first collectives), which
-    would bias the small world sizes, whose epochs are longest, least. The rate is total
-    samples over total training seconds, so a short epoch does not weigh as much as a long
-    one. Both come from all ranks together: fit() all-reduces the sample count.
+    would bias the small world sizes, whose epochs are longest, least. An epoch resumed from
+    a checkpoint inside it pays that warm-up again over part of an epoch (its figures count
+    the steps since the resume: EpochStats.resumed_at_step), so it is left out too. The rate
+    is total samples over total training seconds, so a short epoch does not weigh as much as
+    a long one. Both come from all ranks together: fit() all-reduces the sample count.
     """
-    epochs = list(history[1:]) if len(history) > 1 else list(history)
+    whole = [s for s in history if s.resumed_at_step is None]
+    epochs = whole[1:] if whole[:1] == list(history[:1]) else whole
+    epochs = epochs or whole
     seconds = sum(s.epoch_time_s for s in epochs)
     if not epochs or seconds <= 0:
         return math.nan

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -14,7 +14,32 @@ from ddpflow.training.batching import shard
 from ddpflow.training.samples import Samples
 
 
-@torch.no_grad()
+def scored_batches(
+    model: nn.Module,
+    split: Samples,
+    index: torch.Tensor,
+    batch_size: int,
+    on_batch: Callable[[], None] | None = None,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(logits, labels) of the samples at `index`, one batch at a time, in eval mode (on the
+    model's device), each batch read through `split.batch` (in memory, or a streamed split's
+    shards); `on_batch` is called after each batch (a rank's heartbeat: a long validation is
+    progress too). A caller that keeps nothing of a batch holds one batch at a time."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        for chunk in index.split(batch_size):
+            images, targets = split.batch(chunk)
+            with torch.no_grad():
+                logits = model(images.to(device))[0]
+            yield logits, targets.to(device)
+            if on_batch is not None:
+                on_batch()
+    finally:
+        model.train(was_training)
+
+
 def predict(
     model: nn.Module,
     split: Samples,
@@ -22,21 +47,12 @@ def predict(
     batch_size: int,
     on_batch: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(logits, labels) of the samples at `index`, in eval mode, batch by batch (CPU
-    results), each batch read through `split.batch` (in memory, or a streamed split's
-    shards); `on_batch` is called after each batch (a rank's heartbeat: a long validation
-    is progress too)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
+    """(logits, labels) of the samples at `index`, all of them (CPU tensors): for reports
+    that need every prediction (a confusion matrix). Validation keeps sums instead."""
     logits, labels = [], []
-    for chunk in index.split(batch_size):
-        images, targets = split.batch(chunk)
-        logits.append(model(images.to(device))[0].cpu())
-        labels.append(targets)
-        if on_batch is not None:
-            on_batch()
-    model.train(was_training)
+    for batch_logits, targets in scored_batches(model, split, index, batch_size, on_batch):
+        logits.append(batch_logits.cpu())
+        labels.append(targets.cpu())
     if not logits:
         return torch.empty(0), torch.empty(0, dtype=torch.int64)
     return torch.cat(logits), torch.cat(labels)
@@ -45,17 +61,16 @@ def predict(
 def evaluate_split(
     model: nn.Module, split: Samples, ctx: RankContext, batch_size: int
 ) -> dict[str, float]:
-    """val_loss and val_accuracy over the whole split, each rank scoring its own shard."""
+    """val_loss and val_accuracy over the whole split, each rank scoring its own shard.
+
+    Sums are kept per batch (loss, correct, count), never the batches' logits: a rank's
+    memory during validation is bounded by one batch, whatever the split's size."""
     index = shard(len(split), ctx.rank, ctx.world_size)
-    logits, labels = predict(model, split, index, batch_size, on_batch=ctx.heartbeat)
-    totals = torch.tensor(
-        [
-            F.cross_entropy(logits, labels, reduction="sum").item() if len(labels) else 0.0,
-            (logits.argmax(1) == labels).sum().item() if len(labels) else 0.0,
-            float(len(labels)),
-        ],
-        dtype=torch.float64,
-    )
+    totals = torch.zeros(3, dtype=torch.float64)
+    for logits, labels in scored_batches(model, split, index, batch_size, ctx.heartbeat):
+        loss = F.cross_entropy(logits.float(), labels, reduction="sum").item()
+        correct = (logits.argmax(1) == labels).sum().item()
+        totals += torch.tensor([loss, correct, len(labels)], dtype=torch.float64)
     if ctx.world_size > 1:
         moved = totals.to(ctx.device)  # nccl reduces GPU tensors, gloo CPU ones
         dist.all_reduce(moved, op=dist.ReduceOp.SUM)

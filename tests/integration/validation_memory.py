@@ -1,0 +1,36 @@
+"""One streamed image rank's validation, in a process of its own, for
+test_validation_memory.py: `python -m tests.integration.validation_memory INDEX_URI
+BATCH_SIZE NUM_CLASSES` prints, as JSON, the process's peak RSS (KiB, the kernel's high-water
+mark) before and after ddpflow's image validation (evaluate_split) of that split."""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+
+import torch
+
+from ddpflow.distributed.context import RankContext
+from ddpflow.workloads.vision.data import open_split
+from ddpflow.workloads.vision.metrics import evaluate_split
+from ddpflow.workloads.vision.model import build_resnet
+
+
+def peak_kib() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def main(index_uri: str, batch_size: int, num_classes: int) -> None:
+    torch.set_num_threads(1)  # as a rank on a one-thread Dask worker
+    torch.manual_seed(0)
+    model = build_resnet("resnet18", num_classes)
+    split = open_split(index_uri)  # streamed from its shards, as a sharded split's rank
+    ctx = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+    before = peak_kib()
+    metrics = evaluate_split(model, split, ctx, batch_size)
+    print(json.dumps({"before_kib": before, "after_kib": peak_kib(), **metrics}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
