@@ -46,12 +46,12 @@ def _argv(*args: str) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(_dask_for_strangers())}
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(readable_packages("distributed"))}
 
 
 @functools.cache
-def _dask_for_strangers() -> Path:
-    """A world-readable copy of the venv's `distributed` and everything it requires.
+def readable_packages(*roots: str) -> Path:
+    """A world-readable copy of the venv's `roots` (e.g. distributed) and all they require.
 
     `nobody` may not be able to enter the checkout (a clone under /root, mode 0700), so the
     venv itself is no use to it: the few pure-Python and small compiled packages a Dask
@@ -60,7 +60,7 @@ def _dask_for_strangers() -> Path:
     target = Path(tempfile.mkdtemp(prefix="ddpflow-stranger-dask-"))
     atexit.register(shutil.rmtree, target, True)
     seen: set[str] = set()
-    wanted = ["distributed"]
+    wanted = list(roots)
     while wanted:
         name = canonicalize_name(wanted.pop())
         if name in seen:

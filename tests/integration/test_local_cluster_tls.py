@@ -16,7 +16,6 @@ import pwd
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect import early_cluster
 from ddpflow.integrations.prefect import task_runner as runner
+from tests.integration.stranger_worker import readable_packages
 
 pytestmark = pytest.mark.integration
 
@@ -88,7 +88,10 @@ class OtherUser:
 
     def run(self, python: str, *args: str) -> subprocess.CompletedProcess[str]:
         # A clean environment: nothing of ours (no Dask TLS settings) reaches the user.
-        env = [f"HOME={self.home}", f"PYTHONPATH={sysconfig.get_paths()['purelib']}"]
+        # The venv's Dask, copied where the user can read it: the checkout may be in a
+        # folder only root can enter (a clone under /root).
+        packages = readable_packages("distributed", "cryptography")
+        env = [f"HOME={self.home}", f"PYTHONPATH={packages}"]
         command = ["runuser", "-u", self.name, "--", "env", "-i", *env, python, *args]
         return subprocess.run(
             command, cwd=self.home, capture_output=True, text=True, timeout=120, check=False
@@ -98,7 +101,7 @@ class OtherUser:
         """The venv's interpreter, or, where the other user cannot run it (its base
         interpreter lives under root's 0700 home here), the system's python of the same
         version: an attacker needs any Dask client, and this one is ours on the venv's
-        site-packages."""
+        packages (copied)."""
         version = f"{sys.version_info.major}.{sys.version_info.minor}"
         for python in (sys.executable, f"/usr/bin/python{version}"):
             if self.run(python, "-c", "import distributed, cryptography").returncode == 0:
