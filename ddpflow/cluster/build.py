@@ -83,7 +83,9 @@ def local_cluster(
         **cluster_kwargs,
     }
     kwargs["env"] = {**dict(env or {}), **dict(cluster_kwargs.get("env") or {})}
-    with dask.config.set(scheduler_http_routes()):  # also for callers other than build_cluster
+    # The scheduler reads its routes when it starts, here in this process (as the cuda and
+    # jobqueue kinds' do; kubernetes' runs in its own pod with Dask's defaults).
+    with dask.config.set(scheduler_http_routes()):
         return KeptNanniesCluster(n_workers=num_workers, **kwargs)
 
 
@@ -102,13 +104,6 @@ def build_cluster(
     """
     options = dict(options or {})
     env = dict(env or {})
-    # The scheduler reads its routes when it starts: in this process for every kind but
-    # kubernetes, whose scheduler runs in its own pod with Dask's defaults.
-    with dask.config.set(scheduler_http_routes()):
-        return _build(kind, options, env, tls)
-
-
-def _build(kind: str, options: dict[str, Any], env: dict[str, str], tls: bool) -> Cluster:
     if kind == "local":
         workers = options.pop("n_workers", DEFAULT_NUM_WORKERS)
         return local_cluster(workers, env=env, tls=tls, **options)
@@ -153,7 +148,7 @@ def cuda_cluster(options: Mapping[str, Any], env: Mapping[str, str], tls: bool =
     # LocalCUDACluster replaces each worker's `env` with its CUDA_VISIBLE_DEVICES, so the
     # extra environment goes through the nanny's config instead.
     environ = {**dask.config.get("distributed.nanny.environ"), **env}
-    with dask.config.set({"distributed.nanny.environ": environ}):
+    with dask.config.set({"distributed.nanny.environ": environ, **scheduler_http_routes()}):
         return dask_cuda.LocalCUDACluster(**kwargs)
 
 
@@ -200,13 +195,14 @@ def jobqueue_cluster(
     options["scheduler_options"] = {"dashboard_address": LOOPBACK_DASHBOARD, **scheduler_options}
     folder = jobqueue_security(tls, options, str(options.get("config_name") or system))
     cls = getattr(module, JOBQUEUE_CLASSES[system])
-    if folder is None:
-        return cls(**options)
-    try:
-        return removing_folder_on_close(cls)(tls_folder=folder, **options)
-    except BaseException:
-        folder.remove()  # a class that refused its options made no cluster to close
-        raise
+    with dask.config.set(scheduler_http_routes()):  # its scheduler starts in this process
+        if folder is None:
+            return cls(**options)
+        try:
+            return removing_folder_on_close(cls)(tls_folder=folder, **options)
+        except BaseException:
+            folder.remove()  # a class that refused its options made no cluster to close
+            raise
 
 
 def task_placement(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
