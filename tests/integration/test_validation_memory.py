@@ -3,7 +3,7 @@ validation set: the same validation of a split 4 times larger peaks no higher.
 
 Each size is validated in a fresh process (an allocator that served an earlier run would
 hide what a run needs), by the real image model and the real shard stream; the kernel's
-high-water mark (ru_maxrss) before and after the validation gives its peak exactly. A
+high-water mark (VmHWM) before and after the validation gives its peak exactly. A
 1,000-class head makes what a validation would keep per batch (its logits: 4 KB an image)
 show: keeping them all, as it once did, added 21 % more at 4x (35 -> 43 MiB over the
 process's peak before validation).

@@ -1,13 +1,18 @@
 """One streamed image rank's validation, in a process of its own, for
 test_validation_memory.py: `python -m tests.integration.validation_memory INDEX_URI
 BATCH_SIZE NUM_CLASSES` prints, as JSON, the process's peak RSS (KiB, the kernel's high-water
-mark) before and after ddpflow's image validation (evaluate_split) of that split."""
+mark) before and after ddpflow's image validation (evaluate_split) of that split.
+
+The mark is VmHWM from /proc/self/status, not getrusage's ru_maxrss: Linux carries
+ru_maxrss across exec, so a child of a big process (a pytest worker holding 2 GB) starts with
+its parent's peak and a validation below it would add nothing."""
 
 from __future__ import annotations
 
 import json
-import resource
+import re
 import sys
+from pathlib import Path
 
 import torch
 
@@ -18,7 +23,9 @@ from ddpflow.workloads.vision.model import build_resnet
 
 
 def peak_kib() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """This process's own high-water RSS in KiB (its memory map's, reset at exec)."""
+    status = Path("/proc/self/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE).group(1))
 
 
 def main(index_uri: str, batch_size: int, num_classes: int) -> None:
