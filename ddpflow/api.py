@@ -151,7 +151,9 @@ def run(
     if owned:
         # A new experiment in a SQLite store keeps MLflow's artifact copies (checkpoints)
         # beside the store's file, not in the caller's working directory (./mlruns).
-        location = default_artifact_location(tracking_uri, sqlite_folder(tracking_uri))
+        location = default_artifact_location(
+            tracking_uri, sqlite_folder(tracking_uri) / "mlartifacts"
+        )
         ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {}, location)
     elif run_id is not None:
         ref = RunRef(tracking_uri, run_id)

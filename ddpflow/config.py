@@ -91,6 +91,12 @@ class Settings:
     remote_cluster_tls: bool = True
 
     @property
+    def mlflow_artifacts(self) -> str:
+        """Where MLflow's copies (checkpoints, models) of a new experiment in a SQLite store
+        go: inside the artifact root, so that one setting says where a run's files land."""
+        return self.artifact_root.rstrip("/") + "/mlflow"
+
+    @property
     def launch(self) -> LaunchSettings:
         resources = dict(self.rank_resources) if self.rank_resources else None
         return LaunchSettings(

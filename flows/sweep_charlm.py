@@ -110,7 +110,7 @@ def _start_sweep(params: SweepParams, settings: Settings, specs: list[TrialSpec]
         raw.uri, settings.artifact_root, params.holdout_fraction
     ).result()
     print(f"corpus: {corpus.num_train_samples} train / {corpus.num_val_samples} holdout samples")
-    artifact_location = default_artifact_location(settings.tracking_uri, settings.project_dir)
+    artifact_location = default_artifact_location(settings.tracking_uri, settings.mlflow_artifacts)
     flow_run_id = str(flow_run.get_id())
     datasets = corpus_datasets(corpus, params.source)
     origin = run_origin()

@@ -53,7 +53,9 @@ def start_workload_run(
             **identity_tags,
             **(tags or {}),
         },
-        artifact_location=default_artifact_location(settings.tracking_uri, settings.project_dir),
+        artifact_location=default_artifact_location(
+            settings.tracking_uri, settings.mlflow_artifacts
+        ),
         parent_run_id=parent.run_id if parent else None,
     )
     log_datasets(run, datasets)

@@ -55,14 +55,18 @@ def ensure_experiment(client: MlflowClient, name: str, artifact_location: str | 
     return experiment_id
 
 
-def default_artifact_location(tracking_uri: str, project_dir: Path) -> str | None:
-    """With a SQLite store, keep MLflow's artifacts in the project folder, not the cwd.
+def default_artifact_location(tracking_uri: str, folder: str | Path) -> str | None:
+    """Where a new experiment in a SQLite store keeps MLflow's artifacts: `folder` (a path
+    or a URI), instead of MLflow's own default, `./mlruns` of whatever the working
+    directory is. The flows pass their artifact root's `mlflow/`, so one setting says where
+    everything a run writes goes.
 
     A tracking server decides its own artifact destination, so it gets None.
     """
-    if tracking_uri.startswith("sqlite:"):
-        return (project_dir / "mlartifacts").as_uri()
-    return None
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    location = str(folder)
+    return location if "://" in location else Path(location).resolve().as_uri()
 
 
 def sqlite_folder(tracking_uri: str) -> Path:

@@ -211,6 +211,13 @@ def test_checkpoints_load_with_weights_only_and_hold_the_last_epoch(trained):
     kept = [f"checkpoints/{uri.rsplit('/', 1)[-1]}" for uri in store.list_uris()]
     assert artifacts == kept, "MLflow holds the same keep_last=2 checkpoints as the store"
     assert "(2 kept, " in trained["stdout"], "the summary says what is kept"
+    # MLflow's copies live under the artifact root, not in a folder of the working directory
+    # (the project folder here: the flow ran in it, as a user runs `make demo`).
+    mlflow_copies = (trained["project"] / "artifacts" / "mlflow").as_uri()
+    assert trained["runs"][0].info.artifact_uri.startswith(mlflow_copies)
+    left = sorted(p.name for p in trained["project"].iterdir())
+    # The store's file and its lock (ddpflow.tracking.store) are what MLFLOW_TRACKING_URI names.
+    assert left == [".prefect", "artifacts", "mlflow.db", "mlflow.db.lock"], left
 
 
 def test_model_registered_and_serves_logits(trained):
