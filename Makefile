@@ -35,6 +35,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -m "not gpu" -n $(TEST_PROCS) --dist loadscope --no-loadscope-reorder \
 		--durations=25 $(ARGS)
 
@@ -44,6 +45,7 @@ test-unit: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
+	$(BIN)/mypy
 
 # MLflow 3.17's server imports Starlette's deprecated WSGI middleware, which warns once per
 # server process: not something a user of this command can act on.

@@ -147,8 +147,9 @@ def run(
         on_progress=on_progress, on_event=on_event, on_restart=on_restart, on_resize=on_resize
     )
     owned = experiment is not None and run_id is None
-    ref = None
+    ref: RunRef | None = None
     if owned:
+        assert tracking_uri is not None and experiment is not None  # check_tracking, owned
         # A new experiment in a SQLite store keeps MLflow's artifact copies (checkpoints)
         # beside the store's file, not in the caller's working directory (./mlruns).
         location = default_artifact_location(
@@ -156,6 +157,7 @@ def run(
         )
         ref = start_run(tracking_uri, experiment, run_name, dict(params or {}), {}, location)
     elif run_id is not None:
+        assert tracking_uri is not None  # check_tracking: a run_id comes with its store
         ref = RunRef(tracking_uri, run_id)
     run_id = ref.run_id if ref else None
     settings = TrainSettings(checkpoint_dir, keep_last, seed, run_id)
@@ -173,7 +175,7 @@ def run(
         if on_resize is not None:
             on_resize(resize)
 
-    with failed_on_error(ref) if owned else nullcontext():
+    with failed_on_error(ref) if owned and ref is not None else nullcontext():
         outcomes, _ = launch_with_restarts(
             client,
             rank_entry,
@@ -194,7 +196,7 @@ def run(
         if ref is not None:
             log_world_sizes(ref, world_size_history(resizes, len(outcomes)))
     result, unsent = outcomes[0]
-    if owned:
+    if owned and ref is not None:  # owned: ref is the run this call started
         end_run(ref, unsent=unsent)  # a run that lacks logging calls is tagged so
     return result
 

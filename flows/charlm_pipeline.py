@@ -23,6 +23,7 @@ from ddpflow.training.speed.settings import SpeedSettings
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import FormattedCorpus, SourceCopy
 from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.registration import Workload
 from flows.inspection import publish_mlflow_links, tag_flow_run
 from flows.params import CharLMParams
 from flows.preflight import run_preflight
@@ -45,7 +46,7 @@ from tasks.registration import register_trained
 from tasks.restarts import train_ddp
 from tasks.tracking_report import tracking_line
 
-WORKLOAD = "charlm"
+WORKLOAD: Workload = "charlm"
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,10 @@ class CharLMSummary:
     kept: tuple[int, int] = (0, 0)
     # Every size the group trained at, in order, the last `world_size` (a grow: (2, 3)).
     world_sizes: tuple[int, ...] = ()
+    # The MLflow run's experiment: the summary's link opens the run in the training view.
+    experiment_id: str | None = None
 
-    def render(self, settings: Settings, experiment_id: str | None = None) -> str:
+    def render(self, settings: Settings) -> str:
         return "\n".join(
             [
                 "",
@@ -79,7 +82,8 @@ class CharLMSummary:
                 f"  latest checkpoint  {redact_url(self.checkpoint_uri)}",
                 f"  registered model   version {self.model_version}",
                 f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
-                f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
+                f"  MLflow UI          "
+                f"{mlflow_ui_hint(settings.tracking_uri, self.run_id, self.experiment_id)}",
                 "",
             ]
         )
@@ -146,7 +150,8 @@ def _format_as_shards(
     # One task run per chunk: the Prefect UI counts them as they finish.
     results = format_chunk.map(unmapped(plan.store), plan.chunks)
     names.result()
-    return index_corpus.submit(plan.without_chunks(), results).result()
+    # Prefect resolves the futures to their results before the task runs.
+    return index_corpus.submit(plan.without_chunks(), results).result()  # type: ignore[arg-type]
 
 
 def start_charlm_run(
@@ -244,12 +249,14 @@ def _train_evaluate_register(
         launch=launch,
     )
     checkpoint = trained.latest_checkpoint
+    assert checkpoint is not None  # rank 0 checkpoints at each epoch's end (epochs >= 1)
     evaluation = evaluate.submit(
         run, checkpoint, corpus, params.num_names, params.seed, storage.join(run_dir, "reports")
     ).result()
     version = register_trained(WORKLOAD, run, checkpoint, params.model_name)
     return CharLMSummary(
         run_id=run.run_id,
+        experiment_id=run.experiment_id,
         final_val_loss=evaluation.val_loss,
         names=evaluation.names,
         novel_fraction=evaluation.novel_fraction,

@@ -124,7 +124,10 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "pin_memory", "checkpoint_every_steps", "checkpoint_every_s", "keep_last",
         "max_restarts", "rank_timeout_s",
     ),
-    "search": ("grid", "trials"),
+    "search": (
+        "grid", "trials", "search", "sampler", "n_trials", "pruner", "min_epochs", "eta",
+        "study_name",
+    ),
     "cluster": ("world_size", "min_workers", "max_workers", "ranks_per_trial", "world_sizes"),
     "tracking and registry": ("experiment", "model_name", "num_names", "margin", "promote"),
     "other": (),

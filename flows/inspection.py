@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from uuid import UUID
 
 from mlflow.tracking import MlflowClient
 from prefect.artifacts import create_markdown_artifact
@@ -64,10 +65,11 @@ def tag_flow_run(workload: str) -> None:
     if run_id is None:
         return
     try:
+        flow_run_id = UUID(run_id)  # Prefect's client takes the id as a UUID
         with get_client(sync_client=True) as client:
-            current = client.read_flow_run(run_id).tags
+            current = client.read_flow_run(flow_run_id).tags
             wanted = [*current, f"{WORKLOAD_TAG_PREFIX}{workload}"]
-            client.update_flow_run(run_id, tags=list(dict.fromkeys(wanted)))
+            client.update_flow_run(flow_run_id, tags=list(dict.fromkeys(wanted)))
     except Exception as error:  # noqa: BLE001 - a missing tag is no reason to stop a training
         log.warning("flow run not tagged %s: %s", workload, redact_text(str(error)))
 

@@ -12,6 +12,8 @@ from ddpflow.distributed.supervisor.relaunch import check_world_bounds
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
 from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
+from ddpflow.workloads.sweep.config import MAX_TRIALS, SweepConfigError
+from ddpflow.workloads.sweep.space import parse_space
 from ddpflow.workloads.vision.config import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE
 from ddpflow.workloads.vision.objects import MAX_IMAGE_MB
 
@@ -106,8 +108,11 @@ class GroupParams(_Params):  # a lone training's group: its size bounds, its ste
 
     def _check(self) -> None:
         check_world_bounds(self.world_size, self.min_workers, self.max_workers)
-        if self.global_batch:  # the largest group (max_workers >= world_size) must fit
-            check_global_batch_fits(self.batch_size, self.max_workers or self.world_size or 1)
+        # global_batch and batch_size: fields of the training mixins that every GroupParams
+        # class is combined with (CharLMParams, ImageParams), not of GroupParams itself.
+        if self.global_batch:  # type: ignore[attr-defined]  # the largest group must fit
+            size = self.max_workers or self.world_size or 1  # max_workers >= world_size
+            check_global_batch_fits(self.batch_size, size)  # type: ignore[attr-defined]
 
 
 class CharLMParams(GroupParams, _Training, _CharLM):  # train-charlm's
@@ -129,11 +134,36 @@ class CharLMScalingParams(_Training, _CharLM):  # scaling-charlm's: a training p
 class SweepParams(_CharLM):  # sweep-charlm's: its own and every trial's defaults
     grid: dict[str, Any] | None = Field(None, description="trial field -> list of values, crossed")
     trials: list[Any] | None = Field(None, description="list of {trial field: value}; or pass grid")
+    search: dict[str, Any] | None = Field(
+        None, description='trial field -> {"low", "high"[, "log"]} or {"choices"}; sampled'
+    )
+    sampler: Literal["tpe", "random"] = Field("tpe", description="search: Optuna sampler (seed)")
+    n_trials: int = Field(20, ge=1, le=MAX_TRIALS, description="search: trials to ask")
+    pruner: Literal["asha", "hyperband", "none"] = Field(
+        "asha", description="search: stops poor trials at rungs (epochs)"
+    )
+    min_epochs: int = Field(1, ge=1, le=10000, description="search: epochs to the first rung, r")
+    eta: int = Field(3, ge=2, le=100, description="search: reduction factor, rungs at r*eta^k")
+    study_name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="search: the study to create or resume; unset: a new one per flow run",
+    )
     ranks_per_trial: int = Field(1, ge=1, description="DDP ranks (Dask workers) of each trial")
     keep_last: t.KeepLast = 1
     model_name: t.ModelName = Field("ddpflow-charlm", description="MLflow model of the best trial")
     experiment: t.Experiment = "ddpflow-charlm-sweep"
     promote: bool = Field(False, description="give the best trial the champion alias if better")
+
+    def _check(self) -> None:
+        if self.search is None:
+            return  # grid or trials: checked when the flow plans them (build_trials)
+        if self.grid is not None or self.trials is not None:
+            raise ValueError("pass one of grid, trials or search, not several")
+        try:
+            parse_space(self.search)
+        except SweepConfigError as error:
+            raise ValueError(f"invalid search space: {error}") from None
 
 
 class ImageTraining(_Training):  # what every image training takes

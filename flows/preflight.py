@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import distributed
 
@@ -34,6 +35,7 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
     """Check the artifact store, MLflow and the Dask cluster; return the rank plan."""
     check_artifact_store(settings.artifact_root)
     check_tracking(settings.tracking_uri)
+    workers: Mapping[str, Mapping[str, Any]]
     try:
         client = current_dask_client()
         workers = cluster_workers(client)
@@ -42,6 +44,8 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
             f"Dask scheduler {settings.dask_address} is not reachable ({error}). Start it or "
             f"fix {DASK_ADDRESS_ENV}."
         ) from error
+    # A connected client has its scheduler's handle, and the handle its address.
+    assert client.scheduler is not None and client.scheduler.address is not None
     warn_if_plain_tcp(client.scheduler.address)
     # The LocalCluster a flow starts runs on this host with the API URL in its environment;
     # any other cluster's workers may sit where the API cannot be reached.
@@ -57,7 +61,7 @@ def run_preflight(settings: Settings, world_size: int | None) -> list[RankAssign
 def rank_workers(world_size: int | None = None) -> list[str]:
     """The cluster's workers that may run a rank, sorted: all of them, or only those that
     declare DDPFLOW_RANK_RESOURCES (PlanError when fewer than `world_size` do)."""
-    workers = cluster_workers(current_dask_client())
+    workers: Mapping[str, Mapping[str, Any]] = cluster_workers(current_dask_client())
     resources = Settings.from_env().rank_resources
     if resources:  # e.g. {"GPU": 1}: ranks run on GPU workers only
         workers = workers_with_resources(workers, resources, world_size)
@@ -127,7 +131,7 @@ def check_workers_reach_stores(
     """Workers on other hosts write to the artifact store and rank 0 logs to MLflow: a local
     folder or SQLite file must be the same shared folder there, a server reachable."""
 
-    def on_workers(probe, target: str):  # noqa: ANN001, ANN202
+    def on_workers(probe: Callable[..., Any], target: str) -> Callable[[], Any]:
         return lambda: client.run(
             probe, target, on_error="return", callback_timeout=timeout_s + PROBE_SLACK_S
         )

@@ -27,10 +27,11 @@ from ddpflow.workloads.charlm.decision import Decision
 from flows.charlm_pipeline import run_charlm_pipeline
 from flows.cli import run_cli
 from flows.params import RetrainParams
+from flows.summary import print_last
 from tasks.retrain import score_and_promote
 
 
-@flow(name="retrain-charlm", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="retrain-charlm", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def retrain_charlm(training: RetrainParams = RetrainParams()) -> Decision:  # noqa: B008 - frozen
     """Train a challenger and promote it to `champion` only if it is better by `margin`."""
     margin = training.margin
@@ -41,10 +42,9 @@ def retrain_charlm(training: RetrainParams = RetrainParams()) -> Decision:  # no
     decision = score_and_promote.submit(
         run, training.model_name, summary.model_version, corpus.val_uri, margin
     ).result()
-    print(summary.render(settings))
-    print(
-        f"retraining decision: {'PROMOTED' if decision.promoted else 'kept champion'} "
-        f"({decision.reason})"
+    verdict = "PROMOTED" if decision.promoted else "kept champion"
+    print_last(
+        f"{summary.render(settings).rstrip()}\nretraining decision: {verdict} ({decision.reason})"
     )
     return decision
 

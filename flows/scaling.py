@@ -35,7 +35,7 @@ from ddpflow.workloads.sweep.execute import fail_run
 from flows.inspection import tag_flow_run
 from flows.params import ParameterError
 from flows.preflight import rank_workers, run_preflight
-from flows.summary import mlflow_ui_hint
+from flows.summary import mlflow_ui_hint, print_last
 from flows.workload_run import start_workload_run
 from tasks.restarts import DDPWorkload, train_ddp
 from tasks.tables import publish_table
@@ -219,13 +219,14 @@ def measure(
     with failed_on_error(parent):
         results = run_sizes(sizes, start_child, train)
         summary = report(parent, results, target, workload, table_key)
-    return finish(parent, summary, mlflow_ui_hint(settings.tracking_uri, parent.run_id))
+    hint = mlflow_ui_hint(settings.tracking_uri, parent.run_id, parent.experiment_id)
+    return finish(parent, summary, hint)
 
 
 def finish(parent: RunRef, summary: ScalingSummary, ui_hint: str) -> ScalingSummary:
     """End the parent (FAILED when no size completed), print the table, fail if none did."""
     end_run(parent, failed=summary.num_completed == 0)
-    print(summary.render(ui_hint))
+    print_last(summary.render(ui_hint))
     if summary.num_completed == 0:
         raise RuntimeError(
             f"no world size completed; see the table above and MLflow {parent.run_id}"

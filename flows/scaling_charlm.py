@@ -46,7 +46,7 @@ WORKLOAD = "charlm-scaling"
 TABLE_KEY = "charlm-scaling"
 
 
-@flow(name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="scaling-charlm", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def scaling_charlm(
     scaling: CharLMScalingParams = CharLMScalingParams(),  # noqa: B008 - frozen
 ) -> ScalingSummary:

@@ -41,7 +41,7 @@ WORKLOAD = "images-scaling"
 TABLE_KEY = "images-scaling"
 
 
-@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="scaling-images", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def scaling_images(
     scaling: ImageScalingParams = ImageScalingParams(),  # noqa: B008 - frozen
 ) -> ScalingSummary:

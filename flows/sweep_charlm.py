@@ -19,16 +19,20 @@ if __name__ == "__main__":
 import json
 from typing import Any
 
+import optuna
 from prefect import flow
 from prefect.runtime import flow_run
 
 from ddpflow.config import Settings
 from ddpflow.distributed.planning import PlanError
+from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import log_datasets
-from ddpflow.tracking.loggers import RunRef
+from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.run import default_artifact_location, end_run, failed_on_error, start_run
+from ddpflow.training.result import TrainResult
+from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep import (
     SweepConfigError,
     SweepSetup,
@@ -40,25 +44,39 @@ from ddpflow.workloads.sweep import (
     run_queued,
     run_trial,
 )
+from ddpflow.workloads.sweep.pruning import DEFAULT_WAIT_S, Verdicts
 from ddpflow.workloads.sweep.report import best, log_to_parent, plots, table_rows
+from ddpflow.workloads.sweep.space import parse_space
 from flows.charlm_pipeline import corpus_datasets
 from flows.cli import run_cli
 from flows.inspection import publish_mlflow_links, run_identity, run_origin, tag_flow_run
 from flows.params import ParameterError, SweepParams
 from flows.preflight import rank_workers, run_preflight
-from flows.summary import mlflow_ui_hint
+from flows.search.resume import (
+    PARENT_ATTR,
+    STUDY_TAG,
+    kept_outcomes,
+    kill_interrupted_runs,
+    take_over,
+)
+from flows.search.run import log_study, max_epochs, run_search, search_rows
+from flows.search.storage import StudyStorageError, study_storage
+from flows.search.study import StudyDesk, make_study
+from flows.summary import mlflow_ui_hint, print_last
 from flows.sweep_summary import SweepSummary
 from tasks.charlm import download_corpus, format_training_data
 from tasks.registration import register_trained
 from tasks.retrain import score_and_promote
+from tasks.search import train_search_trial
 from tasks.sweep import TABLE_KEY, train_trial
 from tasks.tables import publish_table
 
 WORKLOAD = "charlm-sweep"
+RESUMED_FROM_TAG = "ddpflow.resumed_from"  # a resumed search's parent run: the one before
 TRIAL_DEFAULTS = ("epochs", "batch_size", "lr", "hidden_size", "num_layers", "dropout", "seed")
 
 
-@flow(name="sweep-charlm", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="sweep-charlm", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def sweep_charlm(sweep: SweepParams = SweepParams()) -> SweepSummary:  # noqa: B008 - frozen
     """Train one pet-name model per trial, concurrently on the Dask cluster, and compare them."""
     settings = Settings.from_env()
@@ -67,10 +85,14 @@ def sweep_charlm(sweep: SweepParams = SweepParams()) -> SweepSummary:  # noqa: B
     # Pre-flight before any download: enough workers for one trial, then store and tracking.
     workers = _cluster_workers(sweep.ranks_per_trial)
     run_preflight(settings, sweep.ranks_per_trial)
+    study = _open_study(sweep, settings) if sweep.search is not None else None
     setup = _start_sweep(sweep, settings, specs)
     parent = setup.parent
     with failed_on_error(parent):
-        outcomes = _run_trials(specs, setup, workers, sweep)
+        if study is not None:
+            outcomes = _run_search(study, setup, workers, sweep)
+        else:
+            outcomes = _run_trials(specs, setup, workers, sweep)
         summary = _compare_and_register(outcomes, parent, sweep, setup.corpus.val_uri)
     end_run(parent, failed=summary.num_completed == 0)
     if summary.best_run_id is not None:
@@ -78,13 +100,18 @@ def sweep_charlm(sweep: SweepParams = SweepParams()) -> SweepSummary:  # noqa: B
         publish_mlflow_links(
             best_run, "charlm-sweep-mlflow", sweep.model_name, summary.model_version
         )
-    print(summary.render(mlflow_ui_hint(settings.tracking_uri, parent.run_id)))
+    hint = mlflow_ui_hint(settings.tracking_uri, parent.run_id, parent.experiment_id)
+    print_last(summary.render(hint))
     if summary.num_completed == 0:
         raise RuntimeError(f"no trial completed; see the table above and MLflow {parent.run_id}")
     return summary
 
 
 def _plan_trials(params: SweepParams) -> list[TrialSpec]:
+    """The grid's or the list's trials; none for a search (its study asks them as it goes,
+    and SweepParams has checked its space)."""
+    if params.search is not None:
+        return []
     defaults = {name: getattr(params, name) for name in TRIAL_DEFAULTS}
     try:
         return build_trials(params.grid, params.trials, defaults)
@@ -114,9 +141,12 @@ def _start_sweep(params: SweepParams, settings: Settings, specs: list[TrialSpec]
     flow_run_id = str(flow_run.get_id())
     datasets = corpus_datasets(corpus, params.source)
     origin = run_origin()
-    run_name, identity_tags = run_identity(
-        origin, f"sweep-{flow_run_id}", f"A sweep of {len(specs)} pet-name trials", datasets
+    what = (
+        f"A search of {params.n_trials} pet-name trials ({params.sampler}, {params.pruner})"
+        if params.search is not None
+        else f"A sweep of {len(specs)} pet-name trials"
     )
+    run_name, identity_tags = run_identity(origin, f"sweep-{flow_run_id}", what, datasets)
     parent = start_run(
         settings.tracking_uri,
         params.experiment,
@@ -152,11 +182,13 @@ def _parent_params(
     params: SweepParams, specs: list[TrialSpec], data_sha256: str, num_train_samples: int
 ) -> dict[str, Any]:
     chosen = {"grid": params.grid} if params.grid is not None else {"trials": params.trials}
+    if params.search is not None:
+        chosen = {"search": params.search}
     return {
-        **params.model_dump(exclude={"grid", "trials"}),
+        **params.model_dump(exclude={"grid", "trials", "search"}),
         **{k: json.dumps(v) for k, v in chosen.items()},
         "source": redact_url(params.source),
-        "num_trials": len(specs),
+        "num_trials": params.n_trials if params.search is not None else len(specs),
         "data_sha256": data_sha256,
         "num_train_samples": num_train_samples,
     }
@@ -186,6 +218,7 @@ def _run_trials(
     )
 
     def run_one(spec: TrialSpec, assigned: list[str]) -> TrialOutcome:
+        assert spec.config is not None  # only valid trials run
         print(f"{spec.name} ({spec.config.label()}) starts on {', '.join(assigned)}")
         outcome = run_trial(
             spec,
@@ -203,10 +236,91 @@ def _run_trials(
     return sorted([*rejected, *trained], key=lambda o: o.spec.index)
 
 
+def _open_study(params: SweepParams, settings: Settings) -> optuna.Study:
+    """The search's study, new or resumed, in its journal in the artifact root
+    (flows.search.storage); a named study where none can be stored is refused here."""
+    name = params.study_name or f"charlm-search-{flow_run.get_id()}"
+    try:
+        storage = study_storage(settings.artifact_root, name, named=params.study_name is not None)
+    except StudyStorageError as error:
+        raise ParameterError(str(error)) from None
+    space = parse_space(params.search)
+    return make_study(
+        params.sampler,
+        params.pruner,
+        params.seed,
+        params.min_epochs,
+        params.eta,
+        max_epochs(space, params.epochs),
+        study_name=name,
+        storage=storage,
+    )
+
+
+def _run_search(
+    study: optuna.Study, setup: SweepSetup, workers: list[str], params: SweepParams
+) -> list[TrialOutcome]:
+    """The study asks trials as workers free up, and prunes them (flows.search.run); a
+    study that an earlier flow run left is resumed (flows.search.resume)."""
+    space = parse_space(params.search)
+    defaults = {name: getattr(params, name) for name in TRIAL_DEFAULTS}
+    resumed = take_over(study)
+    kill_interrupted_runs(
+        setup.parent.tracking_uri, params.experiment, study.study_name, resumed.interrupted
+    )
+    links = {STUDY_TAG: study.study_name}
+    if resumed.previous_parent:
+        links[RESUMED_FROM_TAG] = resumed.previous_parent
+    MlflowLogger(setup.parent).set_tags(links)
+    study.set_user_attr(PARENT_ATTR, setup.parent.run_id)
+    earlier = kept_outcomes(resumed, defaults, setup.parent.tracking_uri)
+    if resumed.done or resumed.interrupted:
+        print(
+            f"study {study.study_name} resumed: {resumed.done} trials kept, "
+            f"{len(resumed.interrupted)} interrupted ones asked again"
+        )
+    desk = StudyDesk(study, space)
+    slots = WorkerSlots(workers, current=_eligible_workers)  # follows restarted workers
+    print(
+        f"search: {params.n_trials} trials ({params.sampler} sampler, {params.pruner} pruner), "
+        f"up to {slots.max_concurrent(params.ranks_per_trial)} at a time on {len(workers)} "
+        f"workers ({params.ranks_per_trial} rank(s) each)"
+    )
+
+    def launch(
+        number: int, job: CharLMTrainJob, assigned: list[str], verdicts: Verdicts, referee: Any
+    ) -> TrainResult:
+        return train_search_trial(
+            number, job, assigned, params.rank_timeout_s, setup.rank_resources, verdicts, referee
+        )
+
+    outcomes = run_search(
+        desk,
+        defaults,
+        params.n_trials,
+        setup,
+        slots,
+        params.ranks_per_trial,
+        current_dask_client(),
+        launch,
+        verdict_wait_s=_verdict_wait_s(params),
+        already_done=resumed.done,
+    )
+    outcomes = sorted([*earlier, *outcomes], key=lambda o: o.spec.index)
+    log_study(setup.parent, desk, outcomes)
+    return outcomes
+
+
+def _verdict_wait_s(params: SweepParams) -> float:
+    """How long a trial's rank 0 waits for the study's verdict at an epoch's end: a quarter of
+    the rank timeout, at most 30 s; with no pruner, not at all."""
+    return 0.0 if params.pruner == "none" else min(DEFAULT_WAIT_S, params.rank_timeout_s / 4)
+
+
 def _compare_and_register(
     outcomes: list[TrialOutcome], parent: RunRef, params: SweepParams, val_uri: str
 ) -> SweepSummary:
-    rows = table_rows(outcomes)
+    rows = search_rows(outcomes) if params.search is not None else table_rows(outcomes)
     log_to_parent(parent, outcomes, plots(outcomes))
     publish_table(
         rows,

@@ -18,14 +18,15 @@ from ddpflow.integrations.prefect.task_runner import dask_task_runner
 from flows.charlm_pipeline import CharLMSummary, run_charlm_pipeline
 from flows.cli import run_cli
 from flows.params import CharLMParams
+from flows.summary import print_last
 
 
-@flow(name="train-charlm", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="train-charlm", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def train_charlm(training: CharLMParams = CharLMParams()) -> CharLMSummary:  # noqa: B008 - frozen
     """Train the pet-name LSTM with one DDP rank per Dask worker and register the result."""
     settings = Settings.from_env()
     summary, _, _ = run_charlm_pipeline(training, settings)
-    print(summary.render(settings))
+    print_last(summary.render(settings))
     return summary
 
 

@@ -27,6 +27,7 @@ from ddpflow.tracking.loggers import RunRef
 from ddpflow.tracking.run import end_run, failed_on_error, world_sizes_text
 from ddpflow.tracking.spool import Unsent
 from ddpflow.training.speed.settings import SpeedSettings
+from ddpflow.workloads.registration import Workload
 from ddpflow.workloads.vision.config import ImageModelConfig
 from ddpflow.workloads.vision.data import FormattedImages, ImageSpec
 from ddpflow.workloads.vision.job import ImageTrainJob
@@ -34,7 +35,7 @@ from flows.cli import run_cli
 from flows.inspection import publish_mlflow_links, tag_flow_run
 from flows.params import ImageParams
 from flows.preflight import run_preflight
-from flows.summary import kept_line, mlflow_ui_hint
+from flows.summary import kept_line, mlflow_ui_hint, print_last
 from flows.workload_run import start_workload_run
 from tasks.images import (
     INCOMPLETE_KEY,
@@ -53,7 +54,7 @@ from tasks.registration import register_trained
 from tasks.restarts import train_ddp
 from tasks.tracking_report import tracking_line
 
-WORKLOAD = "images"
+WORKLOAD: Workload = "images"
 # On a registered version whose accuracy is no result (no better than the majority class,
 # or one class for every image): the reasons.
 NO_RESULT_TAG = "ddpflow.no_better_than_baseline"
@@ -77,6 +78,8 @@ class ImageSummary:
     kept: tuple[int, int] = (0, 0)
     # Every size the group trained at, in order, the last `world_size` (a grow: (2, 3)).
     world_sizes: tuple[int, ...] = ()
+    # The MLflow run's experiment: the summary's link opens the run in the training view.
+    experiment_id: str | None = None
     # Always answering the validation set's most common class scores this.
     baseline_accuracy: float = float("nan")
     # What makes the accuracy no result (ImageEvalResult.warnings); empty when nothing does.
@@ -100,13 +103,14 @@ class ImageSummary:
                 f"  registered model   version {self.model_version} (the latest checkpoint's"
                 + (", tagged ddpflow.no_better_than_baseline)" if self.warnings else ")"),
                 f"  tracking           {tracking_line(self.unsent, INCOMPLETE_KEY)}",
-                f"  MLflow UI          {mlflow_ui_hint(settings.tracking_uri, self.run_id)}",
+                f"  MLflow UI          "
+                f"{mlflow_ui_hint(settings.tracking_uri, self.run_id, self.experiment_id)}",
                 "",
             ]
         )
 
 
-@flow(name="train-images", task_runner=dask_task_runner(), log_prints=True)
+@flow(name="train-images", task_runner=dask_task_runner(), log_prints=True)  # type: ignore[arg-type]  # see dask_task_runner
 def train_images(training: ImageParams = ImageParams()) -> ImageSummary:  # noqa: B008 - frozen
     """Fine-tune a torchvision ResNet on an image folder with one DDP rank per Dask worker."""
     settings = Settings.from_env()
@@ -124,7 +128,7 @@ def train_images(training: ImageParams = ImageParams()) -> ImageSummary:  # noqa
         )
     end_run(run, unsent=summary.unsent)
     publish_mlflow_links(run, "images-mlflow", training.model_name, summary.model_version)
-    print(summary.render(settings))
+    print_last(summary.render(settings))
     return summary
 
 
@@ -184,7 +188,8 @@ def _format_as_shards(
     print(f"images: formatting {len(plan.chunks)} chunk(s) into shards on the cluster")
     # One task run per chunk: the Prefect UI counts them as they finish.
     results = format_image_chunk.map(unmapped(plan.target), plan.chunks)
-    return index_image_shards.submit(plan, results, params.max_bad_fraction).result()
+    # Prefect resolves the futures to their results before the task runs.
+    return index_image_shards.submit(plan, results, params.max_bad_fraction).result()  # type: ignore[arg-type]
 
 
 def start_images_run(
@@ -308,6 +313,7 @@ def _train_evaluate_register(
         launch=launch,
     )
     checkpoint = trained.latest_checkpoint
+    assert checkpoint is not None  # rank 0 checkpoints at each epoch's end (epochs >= 1)
     evaluation = evaluate.submit(run, checkpoint, data, report_dir).result()
     version = register_trained(WORKLOAD, run, checkpoint, params.model_name)
     if evaluation.warnings():
@@ -318,6 +324,7 @@ def _train_evaluate_register(
         )
     return ImageSummary(
         run_id=run.run_id,
+        experiment_id=run.experiment_id,
         val_accuracy=evaluation.val_accuracy,
         val_loss=evaluation.val_loss,
         num_val=evaluation.num_val,

@@ -145,6 +145,10 @@ def start_prefect_server(
         # A run queued by a deployment's concurrency limit starts within 5 s of the slot
         # freeing, instead of Prefect's 30 s.
         "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "5",
+        # `prefect deployment run --watch` streams the run's logs (its summary included)
+        # beside its events; off, Prefect's default, it shows the events alone.
+        "PREFECT_SERVER_LOGS_STREAM_OUT_ENABLED": "true",
+        "PREFECT_SERVER_LOGS_STREAM_PUBLISHING_ENABLED": "true",
         # The UI's pages call the API at this URL; unset, it is :4200 whatever port was taken.
         "PREFECT_UI_API_URL": f"http://{host}:{port}/api",
     }

@@ -112,6 +112,11 @@ def client_env(ports: dict[str, int]) -> dict[str, str]:
     """The environment a client (flow, test, shell) needs to use the stack."""
     return {
         "PREFECT_API_URL": f"http://127.0.0.1:{ports['prefect']}/api",
+        # Where Prefect's "View at" links and ddpflow's links to a flow run point: the
+        # server's default UI (v2, under /v2 in Prefect 3.8), which asks for the auth string
+        # and then opens the linked page. Prefect's default, the API URL without /api, is
+        # the v1 UI, which shows "Page not found" for a link opened before logging in.
+        "PREFECT_UI_URL": f"http://127.0.0.1:{ports['prefect']}/v2",
         "MLFLOW_TRACKING_URI": f"http://127.0.0.1:{ports['mlflow']}",
         "DDPFLOW_ARTIFACT_ROOT": f"s3://{BUCKET}/artifacts",
         "DDPFLOW_DASK_ADDRESS": f"tls://127.0.0.1:{ports['dask']}",

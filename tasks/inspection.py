@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from prefect import task
 
@@ -11,7 +11,7 @@ from ddpflow.tracking.inspection import DatasetRef, dataset_ref
 
 @task(name="describe-datasets")
 def describe_datasets(
-    inputs: list[tuple[str, str, str, Mapping[str, int | str]]], origin: str | None
+    inputs: Sequence[tuple[str, str, str, Mapping[str, int | str]]], origin: str | None
 ) -> list[DatasetRef]:
     """(name, uri, context, profile) per input file -> its DatasetRef with a content digest.
 

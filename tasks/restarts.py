@@ -89,7 +89,8 @@ def train_ddp(
     run: RunRef = job.run
     client = current_dask_client()
     cluster = flow_started_cluster() if max_workers is not None else None
-    if cluster is not None:  # a cluster the flow started grows as the training may
+    # A cluster the flow started grows as the training may (looked up with max_workers only).
+    if cluster is not None and max_workers is not None:
         asked = ask_for_workers(cluster, max_workers)
         get_run_logger().info("max_workers=%d: %s", max_workers, asked)
     resizes: list[Resize] = []

@@ -85,6 +85,7 @@ HEAVY_FIRST = [
     "test_fault_tolerance",  # ~460-590 s; it and multi-host start together, one computes
     "test_multihost",  # ~450-490 s; the shared reference while the other waits for it
     "test_deployments",  # ~230 s
+    "test_stack_uis",  # ~150-240 s: the stack's start (90-130 s), a training, 4 browser pages
     "test_outages",  # ~270 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
     "test_train_charlm_flow",

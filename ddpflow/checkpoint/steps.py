@@ -111,8 +111,11 @@ def check_schedule(every_steps: object, every_s: object) -> None:
             f"checkpoint_every_steps={every_steps!r}: pass a whole number of steps >= 0 "
             "(0: no step-count checkpoints)"
         )
-    ok = isinstance(every_s, int | float) and not isinstance(every_s, bool)
-    if not ok or not 0 <= every_s < float("inf"):
+    if (
+        not isinstance(every_s, int | float)
+        or isinstance(every_s, bool)
+        or not 0 <= every_s < float("inf")
+    ):
         raise ValueError(
             f"checkpoint_every_s={every_s!r}: pass finite seconds >= 0, e.g. 600 "
             "(0: no time-based checkpoints)"

@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 import torch
 from torch import nn
@@ -45,8 +45,13 @@ POINTER_MAX_BYTES = 2**16  # {"uri": ..., "epoch": N}
 log = logging.getLogger(__name__)
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The plain module inside a DistributedDataParallel wrapper (or the module itself)."""
+@overload
+def unwrap(model: nn.Module) -> nn.Module: ...
+@overload
+def unwrap(model: Stateful) -> Stateful: ...
+def unwrap(model: nn.Module | Stateful) -> nn.Module | Stateful:
+    """The plain module inside a DistributedDataParallel wrapper (or the module itself, or
+    any other Stateful a checkpoint carries)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 

@@ -23,7 +23,7 @@ import functools
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +126,7 @@ def _shared_base(options: Mapping[str, Any], config_name: str) -> Path:
 
 
 @functools.cache
-def removing_folder_on_close(cls: type[Cluster]) -> type[Cluster]:
+def removing_folder_on_close(cls: type[Cluster]) -> Callable[..., Cluster]:
     """`cls` taking a `tls_folder` that its instances remove when they close (also at
     interpreter exit, where distributed closes every cluster still open)."""
 

@@ -36,6 +36,7 @@ from ddpflow.distributed.supervisor import heartbeats
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+    from torch._C._distributed_c10d import _DistributedBackendOptions
     from torch.distributed import ProcessGroupGloo
 
 BOUND_GLOO = "ddpflow_gloo"
@@ -208,11 +209,13 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def bound_gloo_options(host: str, timeout: timedelta) -> ProcessGroupGloo._Options:
+# ProcessGroupGloo._Options (the binding a backend's pg_options takes, with _devices and
+# _timeout) is missing from torch's stubs, which know only its public Options.
+def bound_gloo_options(host: str, timeout: timedelta) -> ProcessGroupGloo._Options:  # type: ignore[name-defined]
     """Gloo options whose one device binds `host` (an IP or a name that resolves to one)."""
     from torch.distributed import ProcessGroupGloo
 
-    options = ProcessGroupGloo._Options()
+    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
     options._devices = [ProcessGroupGloo.create_device(hostname=host)]
     options._timeout = timeout
     return options
@@ -233,7 +236,10 @@ def register_bound_gloo() -> str:
     return BOUND_GLOO
 
 
-def _create_bound_gloo(opts, options: ProcessGroupGloo._Options | None) -> ProcessGroupGloo:  # noqa: ANN001
+def _create_bound_gloo(
+    opts: _DistributedBackendOptions,
+    options: ProcessGroupGloo._Options | None,  # type: ignore[name-defined]  # see above
+) -> ProcessGroupGloo:
     from torch.distributed import ProcessGroupGloo
 
     if options is None:

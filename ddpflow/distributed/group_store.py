@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, overload
 
 if TYPE_CHECKING:  # torch is imported where used: the flow process imports this package
     import torch.distributed as dist
@@ -162,6 +162,10 @@ def _hide(error: BaseException, token: str) -> bool:
     return clean
 
 
+@overload
+def _hidden(value: str, token: str) -> str: ...
+@overload
+def _hidden(value: object, token: str) -> object: ...
 def _hidden(value: object, token: str) -> object:
     return value.replace(token, HIDDEN) if isinstance(value, str) else value
 

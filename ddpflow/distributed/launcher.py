@@ -92,6 +92,7 @@ def launch(
     # checkpoint at the next control step before it goes.
     client.register_plugin(GracefulStop(supervision))
     client.register_plugin(GracefulNannyStop(supervision))
+    available: Mapping[str, Mapping[str, Any]]
     available = cluster_workers(client, supervision.scheduler_timeout_s)
     if workers is not None:
         missing = sorted(set(workers) - set(available))
@@ -177,7 +178,8 @@ def _run_group(
         # A rank pinned to a dead worker stays pending forever unless cancelled.
         client.cancel([f for f in futures if not f.done()], force=True)
         if not finished:  # the next group must not wait for this one's stuck ranks
-            keys = {a.worker_address: f.key for a, f in zip(plan, futures, strict=True)}
+            # Our ranks' keys are strings (f"{RANK_KEY_PREFIX}..."); Dask types keys wider.
+            keys = {a.worker_address: str(f.key) for a, f in zip(plan, futures, strict=True)}
             release_stuck_ranks(client, keys, supervision)
 
 

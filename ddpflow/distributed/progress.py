@@ -178,6 +178,7 @@ def follow_progress(
         client.unsubscribe_topic(topic)
         try:
             # client.get_events() would wait for the scheduler without a bound.
+            assert client.scheduler is not None  # a connected client has one
             events = client.sync(
                 client.scheduler.events, topic=topic, callback_timeout=scheduler_timeout_s
             )

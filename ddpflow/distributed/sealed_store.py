@@ -111,7 +111,9 @@ class SealedStore(dist.Store):
 
     # The store API, as torch's Python stores define it.
     def set(self, key: str, value: bytes | str) -> None:
-        self.underlying_store.set(self.sealed_name(key), self.seal(key, value))
+        sealed = self.seal(key, value)
+        # torch's stub says str; the binding takes bytes as well (set, compare_set).
+        self.underlying_store.set(self.sealed_name(key), sealed)  # type: ignore[arg-type]
 
     def get(self, key: str) -> bytes:
         with self._named_errors([key]):
@@ -132,7 +134,9 @@ class SealedStore(dist.Store):
         # An empty expected value means "not there yet" to the server: it stays empty.
         wanted = self.seal(key, expected) if _as_bytes(expected) else b""
         current = self.underlying_store.compare_set(
-            self.sealed_name(key), wanted, self.seal(key, desired)
+            self.sealed_name(key),
+            wanted,  # type: ignore[arg-type]
+            self.seal(key, desired),  # type: ignore[arg-type]
         )
         return self.unseal(key, current) if current else current
 

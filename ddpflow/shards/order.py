@@ -34,7 +34,9 @@ def window_order(shard_counts: Sequence[int], window: int, seed: int, epoch: int
     pieces = []
     for lo in range(0, len(shard_order), window):
         members = shard_order[lo : lo + window]
-        span = torch.cat([torch.arange(starts[s], starts[s] + counts[s]) for s in members])
+        span = torch.cat(
+            [torch.arange(int(starts[s]), int(starts[s] + counts[s])) for s in members]
+        )
         pieces.append(span[torch.randperm(len(span), generator=generator)])
     if not pieces:
         return torch.zeros(0, dtype=torch.int64)

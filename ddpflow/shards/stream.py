@@ -232,7 +232,9 @@ class ShardStream:
             at = np.flatnonzero(sids == s)
             records[at] = arrays[s].records[rows[at]]
             if self.index.labeled:
-                labels[at] = arrays[s].labels[rows[at]]
+                shard_labels = arrays[s].labels
+                assert shard_labels is not None  # a labeled index's shards carry labels
+                labels[at] = shard_labels[rows[at]]
         if planned:
             self._done_with_batch()
         with self._changed:

@@ -39,6 +39,9 @@ class RunRef:
 
     tracking_uri: str
     run_id: str
+    # The run's experiment, where the run was started here: the UI's link to the run names
+    # it (MLflow drops the link's query when it resolves a bare run id).
+    experiment_id: str | None = None
 
 
 # The longest rank 0 waits at a checkpoint for MLflow to take the epoch's metrics.

@@ -28,6 +28,7 @@ from google.protobuf.message import Message
 from mlflow.entities import Metric, RunTag
 from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT
 from mlflow.protos.service_pb2 import GetMetricHistory, GetRun, LogBatch
+from mlflow.store.artifact.artifact_repo import ArtifactRepository
 from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 from mlflow.store.artifact.http_artifact_repo import HttpArtifactRepository
 from mlflow.store.tracking import GET_METRIC_HISTORY_MAX_RESULTS
@@ -64,7 +65,8 @@ class OneTryCalls:
         self._tracking_uri = tracking_uri
         self._client = MlflowClient(tracking_uri)
         self._server = is_server(tracking_uri)
-        self._artifact_repo = None  # resolved at the first artifact: it costs a call
+        # Resolved at the first artifact: it costs a call.
+        self._artifact_repo: ArtifactRepository | None = None
 
     def log_batch(self, metrics: Sequence[Metric] = (), tags: Sequence[RunTag] = ()) -> None:
         if not self._server:
@@ -141,6 +143,6 @@ class OneTryCalls:
         creds = get_default_host_creds(self._tracking_uri)
         response = http_request(creds, endpoint, method, max_retries=0, timeout=timeouts(), **where)
         response = verify_rest_response(response, endpoint)
-        answer = request.Response()  # type: ignore[attr-defined]
+        answer = request.Response()  # MLflow's generated messages name their response type
         parse_dict(js_dict=response.json(), message=answer)
         return answer

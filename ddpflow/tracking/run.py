@@ -95,7 +95,7 @@ def start_run(
     run = client.create_run(experiment_id, run_name=run_name, tags=tags)
     param_batch = [Param(k, str(v)[:MAX_PARAM_LEN]) for k, v in sorted(params.items())]
     client.log_batch(run.info.run_id, params=param_batch)
-    return RunRef(tracking_uri, run.info.run_id)
+    return RunRef(tracking_uri, run.info.run_id, experiment_id)
 
 
 def log_restart(run: RunRef, attempt: int, cause: str) -> None:
@@ -115,8 +115,10 @@ WORLD_SIZES_TAG = "ddpflow.world_sizes"  # every size it ran at, in order: "2 â†
 class SizeChange(Protocol):
     """A change of the group's size (ddpflow.distributed.supervisor.relaunch.Resize)."""
 
-    old_size: int
-    new_size: int
+    @property  # read only: Resize is frozen
+    def old_size(self) -> int: ...
+    @property
+    def new_size(self) -> int: ...
 
 
 def world_size_history(changes: Sequence[SizeChange], final: int) -> tuple[int, ...]:

@@ -347,6 +347,6 @@ def _train_epoch(
             raise StopRequested(stop, epoch=epoch + 1, step=i + 1)
     # One collective for both: the epoch's loss sums (the checkpoint's part included) and
     # the samples this call ran (the epoch's rate counts these only).
-    totals = torch.cat([loss_sum, torch.tensor([float(ran)], dtype=torch.float64)])
-    all_reduce_sum(totals, ctx)
-    return float(totals[0] / totals[1]), int(totals[2]), first_step + end
+    summed = torch.cat([loss_sum, torch.tensor([float(ran)], dtype=torch.float64)])
+    all_reduce_sum(summed, ctx)
+    return float(summed[0] / summed[1]), int(summed[2]), first_step + end

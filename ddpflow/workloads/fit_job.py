@@ -13,15 +13,23 @@ from ddpflow.training.result import TrainResult
 
 
 class WorkloadJob(Protocol):
-    """The fields every built-in workload's job has (CharLMTrainJob, ImageTrainJob)."""
+    """The fields every built-in workload's job has (CharLMTrainJob, ImageTrainJob), read
+    only (the jobs are frozen)."""
 
-    epochs: int
-    batch_size: int
-    run: RunRef
-    log_every_steps: int
-    checkpoint_every_steps: int
-    checkpoint_every_s: float
-    global_batch: bool
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def run(self) -> RunRef: ...
+    @property
+    def log_every_steps(self) -> int: ...
+    @property
+    def checkpoint_every_steps(self) -> int: ...
+    @property
+    def checkpoint_every_s(self) -> float: ...
+    @property
+    def global_batch(self) -> bool: ...
 
 
 def fit_job(ctx: TrainContext, job: WorkloadJob, **fit_args: Any) -> TrainResult:

@@ -29,7 +29,7 @@ from ddpflow.storage.redact import redact_text
 from ddpflow.tracking.loggers import RunRef
 
 Workload = Literal["charlm", "images"]
-WORKLOADS: tuple[str, ...] = ("charlm", "images")
+WORKLOADS: tuple[Workload, ...] = ("charlm", "images")
 EXPORT_TIMEOUT_S = 900.0  # a ResNet-50 export on a busy CPU takes minutes, never this long
 # The tracking URI goes to the child in the environment, not on its command line, which
 # any local user can read (ps).

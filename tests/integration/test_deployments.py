@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -89,6 +90,20 @@ def _time(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+def watched(output: str) -> tuple[list[str], list[str]]:
+    """`--watch`'s items in the order printed, each a log line (`▪`, with a multi-line log's
+    indented lines) or an event (`●`), and the CLI's own lines after the last one."""
+    lines = output.rstrip("\n").splitlines()
+    starts = [i for i, line in enumerate(lines) if line.startswith(("▪ ", "● "))]
+    assert starts, output[-4000:]
+    items = ["\n".join(lines[i:j]) for i, j in zip(starts, [*starts[1:], len(lines)], strict=True)]
+    last = items[-1].splitlines()
+    # The last item's own lines are indented (a log's continuation lines); the rest is the CLI's.
+    own = 1 + next((n for n, line in enumerate(last[1:]) if not line.startswith(" ")), len(last))
+    items[-1] = "\n".join(last[:own])
+    return items, last[own:]
+
+
 def start_deployment(env: dict[str, str], name: str, **params: object) -> str:
     """`prefect deployment run` without --watch: the new flow run's id."""
     output = prefect(env, "deployment", "run", name, *_param_flags(params))
@@ -104,7 +119,9 @@ def deployed(stack) -> dict[str, str]:
 
 
 def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
+    started = time.monotonic()
     output = run_deployment(deployed, "train-charlm/charlm-ddp", training={"epochs": 1, **TINY})
+    watch_s = time.monotonic() - started
     assert "Completed" in output
     client = MlflowClient(deployed["MLFLOW_TRACKING_URI"])
     runs = client.search_runs(
@@ -117,6 +134,24 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
     versions = client.search_model_versions("name='ddpflow-charlm'")
     assert [v.run_id for v in versions] == [run.info.run_id]
 
+    # docs/deployments.md "What --watch shows": the flow's summary is the last log line,
+    # after Prefect's own "Finished in state Completed()"; only the CLI's verdict follows.
+    items, after = watched(output)
+    flow_run_id = run.data.tags["prefect.flow_run_id"]
+    summary = items[-1]
+    assert summary.startswith("▪ ") and "ddpflow: pet-name model trained" in summary, items[-3:]
+    assert f"MLflow run id      {run.info.run_id}" in summary
+    assert summary.splitlines()[-1].split()[:2] == ["MLflow", "UI"], summary
+    assert after == ["Flow run finished successfully in 'Completed'."], after
+    finished = [
+        i for i in items if i.endswith(f"{flow_run_id[-12:]} Finished in state Completed()")
+    ]
+    assert len(finished) == 1 and items.index(finished[0]) < len(items) - 1, items[-4:]
+    # The progress artifact's updates: one when the epoch starts, one when it is validated,
+    # 100 % at the end, and at most one per 30 s besides: no flood of event lines.
+    updates = [i for i in items if "prefect.artifact.updated" in i]
+    assert 1 <= len(updates) <= 3 + watch_s / 30, (len(updates), watch_s)
+
     flow_run = json.loads(
         prefect(
             deployed,
@@ -128,6 +163,9 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
         )
     )
     logs = prefect(deployed, "flow-run", "logs", run.data.tags["prefect.flow_run_id"])
+    # By time, too, the summary is the last line: no task's or engine's line after it.
+    tail = logs[logs.rindex("ddpflow: pet-name model trained") :]
+    assert "Finished in state" not in tail and "MLflow UI" in tail, logs[-3000:]
     recorded = json.dumps(flow_run) + logs + json.dumps(run.data.params)
     assert deployed["AWS_SECRET_ACCESS_KEY"] not in recorded
     assert deployed["AWS_ACCESS_KEY_ID"] not in recorded

@@ -69,9 +69,17 @@ def test_the_wheel_ships_only_the_library(library_wheel: Path):
     assert "ddpflow/py.typed" in names, "type checkers read the library's hints (PEP 561)"
 
 
-# The extras' distributions: Prefect (the flows extra), MLflow's server (server), matplotlib
-# (plots), scikit-learn (digits). wheel_venv_training.OPTIONAL names their import names.
-EXTRAS_DISTRIBUTIONS = {"prefect", "prefect-dask", "mlflow", "matplotlib", "scikit-learn"}
+# The extras' distributions: Prefect and Optuna (the flows extra), MLflow's server (server),
+# matplotlib (plots), scikit-learn (digits). wheel_venv_training.OPTIONAL names their import
+# names.
+EXTRAS_DISTRIBUTIONS = {
+    "prefect",
+    "prefect-dask",
+    "optuna",
+    "mlflow",
+    "matplotlib",
+    "scikit-learn",
+}
 # The library's parts that need one (tests/integration/wheel_venv_training.py calls each).
 NEEDS = {
     "sweep plots": "plots",

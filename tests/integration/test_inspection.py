@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
 from flows.summary import mlflow_ui_hint
 from infra.services import free_port, start_mlflow, start_prefect_server, stop
+from tests.integration.browser import chromium
 from tests.integration.charlm_runs import SMALL_SOURCE
 from tests.integration.conftest import REPO, run_in_process
 
@@ -216,18 +216,6 @@ def test_prefect_links_the_mlflow_run_and_version_and_tags_the_workload(trained)
 # ---- the MLflow UI in a real browser -------------------------------------------------------
 
 
-def chromium() -> str:
-    """Debian's chromium (.ci/run installs it); outside CI its absence skips."""
-    path = shutil.which("chromium")
-    if path is None:
-        import os
-
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is not installed (apt-get install -y chromium)")
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    return path
-
-
 def render(url: str, screenshot: Path | None = None, budget_ms: int = 20000) -> str:
     """The DOM of `url` after the page's scripts ran for `budget_ms` of virtual time, in a
     fresh browser profile (which MLflow's UI opens in its GenAI mode unless the link says
@@ -282,7 +270,9 @@ def test_model_version_page_shows_the_alias_and_description(trained, screenshots
 @pytest.mark.browser
 def test_the_links_ddpflow_gives_open_the_training_view(trained, screenshots):
     run = trained["run"]
-    link = mlflow_ui_hint(trained["mlflow_url"], run.info.run_id).removeprefix("open ")
+    link = mlflow_ui_hint(
+        trained["mlflow_url"], run.info.run_id, run.info.experiment_id
+    ).removeprefix("open ")
     dom = render(link)
     assert run.info.run_name in dom and "Model metrics" in dom, dom[-3000:]
     links = artifact(trained, "charlm-mlflow")["data"]

@@ -27,9 +27,10 @@ def dask_setup(worker: Any) -> None:
 
     train_rank = training.train_rank
 
-    def crashes_after_one_epoch(ctx: Any, job: Any) -> Any:
+    def crashes_after_one_epoch(ctx: Any, job: Any, **hooks: Any) -> Any:
+        # hooks: a searched trial's on_epoch_end (ddpflow.workloads.sweep.pruning).
         if job.lr != FAULTY_LR:
-            return train_rank(ctx, job)
+            return train_rank(ctx, job, **hooks)
         train_rank(ctx, replace(job, epochs=1))  # its epoch-1 metrics stay in MLflow
         raise InjectedFault(f"injected fault after epoch 1 of {job.epochs} (lr={FAULTY_LR})")
 

@@ -28,7 +28,7 @@ import ddpflow
 
 NUM_SAMPLES, NUM_FEATURES = 512, 4
 EPOCHS = 3
-OPTIONAL = ("prefect", "prefect_dask", "matplotlib", "sklearn")
+OPTIONAL = ("prefect", "prefect_dask", "optuna", "matplotlib", "sklearn")
 
 
 def _sweep_plots() -> object:

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import distributed
 
@@ -123,6 +124,7 @@ class GrowWatch:
                 log.info("could not clear the grow request on %s: %s", self.group, error)
 
     def usable(self) -> list[str]:
+        workers: Mapping[str, Mapping[str, Any]]
         workers = cluster_workers(self.client, self.timings.scheduler_timeout_s)
         if self.resources:
             workers = workers_with_resources(workers, self.resources, world_size=0)
@@ -139,7 +141,11 @@ class GrowWatch:
             if target is None:
                 continue
             self.joined, self.target = settled, target
-            details = {"old": len(self.group), "new": target, "joined": ", ".join(settled)}
+            details: dict[str, str | int] = {
+                "old": len(self.group),
+                "new": target,
+                "joined": ", ".join(settled),
+            }
             reason = StopReason(FailureKind.GROW, "stop_grow", details)
             log.info("%s; asking the group to checkpoint and stop", reason)
             try:

@@ -102,6 +102,7 @@ def _events(
     client: distributed.Client, topic: str, since: float, timings: SupervisionConfig
 ) -> list[dict[str, Any]]:
     # client.get_events() would wait for the scheduler without a bound.
+    assert client.scheduler is not None  # a connected client has its scheduler's handle
     events = client.sync(
         client.scheduler.events, topic=topic, callback_timeout=timings.scheduler_timeout_s
     )

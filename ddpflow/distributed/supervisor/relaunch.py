@@ -56,7 +56,7 @@ class Restart:
     cause: str
     failed_ranks: list[str]
     restarted_workers: list[str]  # unresponsive (hung) workers ddpflow restarted itself
-    world_size: int
+    world_size: int | None  # None: every worker the cluster had (no world_size asked)
     heal_s: float
     # The cluster's workers that were gone when the group relaunched, and those that had
     # joined since the failed attempt started (a nanny's replacement for a killed worker

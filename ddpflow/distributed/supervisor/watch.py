@@ -51,6 +51,7 @@ def cluster_workers(
     the client's own periodic refresh replaces every 2 s with a copy that lists no workers,
     so a read that races the refresh sees an empty cluster.
     """
+    assert client.scheduler is not None  # a connected client has its scheduler's handle
     identity = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=timeout_s)
     return dict(identity["workers"])
 

@@ -19,6 +19,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import cast
 from uuid import UUID
 
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
@@ -53,8 +54,13 @@ class ProgressArtifact:
     def start(self) -> None:
         """Create the artifact at 0 % (in the caller's Prefect run context) and the updater."""
         try:
-            self.artifact_id = create_progress_artifact(
-                0.0, key=self.key, description=f"{self.title}: starting", _sync=True
+            # _sync=True: Prefect's async_dispatch keyword (its typed signature lacks it) that
+            # runs the synchronous variant, which returns the UUID.
+            self.artifact_id = cast(
+                UUID,
+                create_progress_artifact(  # type: ignore[call-arg]
+                    0.0, key=self.key, description=f"{self.title}: starting", _sync=True
+                ),
             )
         except Exception as error:  # noqa: BLE001 - progress display is not the training
             log.warning("no progress artifact %s: %s", self.key, redact_text(str(error)))
@@ -127,7 +133,10 @@ class ProgressArtifact:
         if self.artifact_id is None:
             return
         try:
-            update_progress_artifact(self.artifact_id, percent, description, _sync=True)
+            # _sync=True: as in start().
+            update_progress_artifact(  # type: ignore[call-arg]
+                self.artifact_id, percent, description, _sync=True
+            )
         except Exception as error:  # noqa: BLE001 - progress display is not the training
             log.warning("progress artifact %s not updated: %s", self.key, redact_text(str(error)))
 

@@ -71,7 +71,8 @@ class PlacingDaskTaskRunner(DaskTaskRunner):
         quiet = _Without(DASHBOARD_LINE, f"{CREATING_LINE} `{__name__}.")
         self.logger.addFilter(quiet)
         try:
-            client = DaskTaskRunner.client.fget(self)
+            # mypy types a property read off its class as the getter function.
+            client = DaskTaskRunner.client.fget(self)  # type: ignore[attr-defined]
         finally:
             self.logger.removeFilter(quiet)
         link = client.dashboard_link
@@ -207,7 +208,11 @@ def _replace_lost_jobs(cluster: Cluster, n_workers: int) -> None:
 def dask_task_runner(settings: Settings | None = None) -> DaskTaskRunner:
     """The task runner for DDPFLOW_CLUSTER: an existing scheduler (`address`), or a cluster
     of the chosen kind started per flow run. Without `settings`, they are read from the
-    environment when a flow run enters the runner."""
+    environment when a flow run enters the runner.
+
+    `@flow(task_runner=dask_task_runner())` needs `# type: ignore[arg-type]`: prefect-dask
+    subclasses a bare TaskRunner, which types it TaskRunner[PrefectConcurrentFuture] (the
+    type parameter's default), and flow() asks for TaskRunner[PrefectFuture[Any]]."""
     runner = PlacingDaskTaskRunner()
     if settings is not None:
         configure(runner, settings)
@@ -223,11 +228,12 @@ def configure(runner: DaskTaskRunner, settings: Settings) -> None:
         runner.client_kwargs["timeout"] = "10s"
     elif settings.cluster_kind == "local":
         num_workers = options.pop("n_workers", settings.num_dask_workers)
-        runner.cluster_class = _local_cluster_for_flow
+        # prefect-dask types cluster_class as taking no arguments; it passes cluster_kwargs.
+        runner.cluster_class = _local_cluster_for_flow  # type: ignore[assignment]
         tls = settings.local_cluster_tls
         runner.cluster_kwargs = {"num_workers": num_workers, "tls": tls, **options}
     else:
-        runner.cluster_class = _cluster_for_flow
+        runner.cluster_class = _cluster_for_flow  # type: ignore[assignment]  # as above
         runner.cluster_kwargs = {"kind": settings.cluster_kind, "options": options}
         # cuda starts its workers on this machine; jobqueue and kubernetes elsewhere.
         local = settings.cluster_kind == "cuda"

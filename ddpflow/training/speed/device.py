@@ -23,7 +23,7 @@ import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
@@ -33,6 +33,7 @@ from ddpflow.training.speed.settings import CudaCaps, SpeedError, SpeedSettings
 if TYPE_CHECKING:  # annotations only: the loop and checkpoint modules import this one
     from ddpflow.training.context import TrainContext
 
+M = TypeVar("M", bound=nn.Module)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -58,7 +59,7 @@ class TrainSpeed:
         keys = ("precision", "channels_last", "pin_memory", "tf32", "compile")
         return {k: getattr(self, k) for k in keys}
 
-    def apply_to_model(self, model: nn.Module) -> nn.Module:
+    def apply_to_model(self, model: M) -> M:
         """Process-wide TF32 switch and the model's memory format (call before DDP wraps it)."""
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.tf32

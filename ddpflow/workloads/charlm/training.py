@@ -6,12 +6,14 @@ launched the way ddpflow.run() launches a user's (ddpflow.api.rank_entry).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from ddpflow.checkpoint.steps import EpochPosition
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks
-from ddpflow.training.result import TrainResult
+from ddpflow.training.result import EpochStats, TrainResult
 from ddpflow.training.speed.device import announce, resolve_speed
 from ddpflow.workloads.charlm.data import open_windows
 from ddpflow.workloads.charlm.job import CharLMTrainJob
@@ -20,8 +22,15 @@ from ddpflow.workloads.charlm.vocab import CONTEXT_LEN
 from ddpflow.workloads.fit_job import fit_job
 
 
-def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
+def train_rank(
+    ctx: TrainContext,
+    job: CharLMTrainJob,
+    on_epoch_end: Callable[[EpochStats], None] | None = None,
+) -> TrainResult:
     """Train, or resume from the latest complete checkpoint after a restart.
+
+    `on_epoch_end` (every rank, after the epoch's metrics are logged, before its checkpoint):
+    a sweep's searched trial waits there for the study's verdict (ddpflow.workloads.sweep.pruning).
 
     Resuming is exact, from an epoch's end or from inside an epoch: the data order is a
     function of (seed, epoch, world size) and fit() reseeds the dropout RNG from (seed, rank,
@@ -64,5 +73,5 @@ def train_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
         train=open_windows(job.train_uri, on_wait=ctx.heartbeat),
         val=open_windows(job.val_uri, on_wait=ctx.heartbeat),
         info=info,
-        hooks=FitHooks(speed=speed),
+        hooks=FitHooks(speed=speed, on_epoch_end=on_epoch_end),
     )

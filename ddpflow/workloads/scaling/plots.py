@@ -13,6 +13,7 @@ from typing import Any
 from ddpflow.cluster.extras import missing_extra
 
 try:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 except ImportError as error:  # matplotlib is the `plots` extra, not a library requirement
     raise missing_extra("plots", "ddpflow.workloads.scaling.plots", error) from None
@@ -34,7 +35,7 @@ def _png(figure: Figure, dpi: int) -> bytes:
     return buffer.getvalue()
 
 
-def _note(ax, text: str) -> None:
+def _note(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=9)
 
 

@@ -1,6 +1,8 @@
 """Hyperparameter sweeps: many pet-name models at once, each on its own Dask workers.
 
 config   trial configs, grid expansion, per-trial validation naming the field
+space    a search space (ranges, log ranges, choices) over the trial fields, validated
+pruning  a searched trial's ranks wait for the study's verdict at each epoch's end
 slots    which workers a trial holds; a queue that never runs more than the cluster holds
 trial    the rank function of a trial (training + elapsed seconds)
 execute  a trial's child MLflow run and outcome

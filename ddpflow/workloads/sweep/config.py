@@ -99,21 +99,31 @@ class TrialSpec:
         return f"trial-{self.index}"
 
 
-def _check_field(prefix: str, name: str, value: Any) -> tuple[Any, str | None]:
+def field_kind(name: str) -> type:
+    """The Python type of trial field `name` (int or float)."""
+    return _RULES[name][0]
+
+
+def check_value(name: str, value: Any) -> tuple[Any, str | None]:
+    """`value` as trial field `name` takes it, converted, or None and why ("must be > 0")."""
     kind, checks = _RULES[name]
     # bool is an int to Python, but `"lr": true` is a mistake, not a learning rate of 1.
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if not numeric or (kind is int and not float(value).is_integer()):
-        expected = "an integer" if kind is int else "a number"
-        return None, f"{prefix}.{name}={value!r}: must be {expected}"
+        return None, "must be an integer" if kind is int else "must be a number"
     converted = kind(value)
-    # Messages quote the value as given (lr=-1), not as converted (lr=-1.0).
     if kind is float and not math.isfinite(converted):
-        return None, f"{prefix}.{name}={value!r}: must be a finite number"
+        return None, "must be a finite number"
     for ok, message in checks:
         if not ok(converted):
-            return None, f"{prefix}.{name}={value!r}: {message}"
+            return None, message
     return converted, None
+
+
+def _check_field(prefix: str, name: str, value: Any) -> tuple[Any, str | None]:
+    converted, why = check_value(name, value)
+    # Messages quote the value as given (lr=-1), not as converted (lr=-1.0).
+    return converted, None if why is None else f"{prefix}.{name}={value!r}: {why}"
 
 
 def validate_trial(index: int, values: Mapping[str, Any]) -> TrialSpec:

@@ -59,9 +59,13 @@ class TrialOutcome:
     checkpoint_uri: str | None = None
     workers: list[str] = field(default_factory=list)
     error: str | None = None
+    # A searched trial that the study stopped after this epoch (not completed, not failed).
+    pruned_at: int | None = None
 
     @property
     def status(self) -> str:
+        if self.pruned_at is not None:
+            return "pruned"
         return "completed" if self.completed else "failed"
 
     @property
@@ -137,7 +141,8 @@ def partial_history(run: RunRef) -> list[EpochStats]:
     except Exception:  # noqa: BLE001 - curves are a nicety; the failure is already recorded
         return []
     epochs = sorted(set.intersection(*(set(v) for v in series.values())))
-    return [EpochStats(e, *(series[k][e] for k in _EPOCH_METRICS)) for e in epochs]
+    train_loss, val_loss, rate, took = (series[k] for k in _EPOCH_METRICS)
+    return [EpochStats(e, train_loss[e], val_loss[e], rate[e], took[e]) for e in epochs]
 
 
 def run_trial(

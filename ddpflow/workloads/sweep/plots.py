@@ -18,6 +18,7 @@ from typing import Literal
 from ddpflow.cluster.extras import missing_extra
 
 try:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 except ImportError as error:  # matplotlib is the `plots` extra, not a library requirement
     raise missing_extra("plots", "ddpflow.workloads.sweep.plots", error) from None
@@ -65,7 +66,7 @@ def loss_panels_png(curves: Sequence[LossCurve], x: XAxis, dpi: int = 100) -> by
     return buffer.getvalue()
 
 
-def _draw_panel(ax, curve: LossCurve, x: XAxis) -> None:
+def _draw_panel(ax: Axes, curve: LossCurve, x: XAxis) -> None:
     ax.set_title(curve.title, fontsize=9)
     ax.set_xlabel(X_LABELS[x], fontsize=8)
     ax.set_ylabel("loss", fontsize=8)

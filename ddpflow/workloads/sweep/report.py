@@ -68,7 +68,7 @@ def curves(outcomes: Sequence[TrialOutcome]) -> list[LossCurve]:
     for outcome in sorted(outcomes, key=lambda o: o.spec.index):
         history = outcome.history
         label = outcome.spec.config.label() if outcome.spec.config else "invalid config"
-        note = None if outcome.completed else f"failed: {outcome.error}"
+        note = None if outcome.completed else f"{outcome.status}: {_why(outcome)}"
         result.append(
             LossCurve(
                 title=f"{outcome.spec.name}: {label}",
@@ -80,6 +80,12 @@ def curves(outcomes: Sequence[TrialOutcome]) -> list[LossCurve]:
             )
         )
     return result
+
+
+def _why(outcome: TrialOutcome) -> str:
+    if outcome.pruned_at is not None:
+        return f"stopped by the pruner after epoch {outcome.pruned_at}"
+    return str(outcome.error)
 
 
 def plots(outcomes: Sequence[TrialOutcome]) -> dict[str, bytes]:
@@ -94,10 +100,13 @@ def log_to_parent(parent: RunRef, outcomes: Sequence[TrialOutcome], pngs: dict[s
     log_files(parent, files, REPORT_DIR)
     logger = MlflowLogger(parent)
     num_completed = sum(o.completed for o in outcomes)
-    metrics = {
+    num_pruned = sum(o.pruned_at is not None for o in outcomes)
+    metrics: dict[str, float] = {
         "num_trials_completed": num_completed,
-        "num_trials_failed": len(outcomes) - num_completed,
+        "num_trials_failed": len(outcomes) - num_completed - num_pruned,
     }
+    if num_pruned:
+        metrics["num_trials_pruned"] = num_pruned
     top = best(outcomes)
     if top is not None:
         metrics["best_val_loss"] = top.final_val_loss

@@ -63,6 +63,7 @@ def _pair(name: str, value: object) -> tuple[float, float]:
         raise ValueError(
             f"Augment.{name} must be a pair of finite numbers (low, high), got {value!r}"
         )
+    assert isinstance(value, tuple | list)  # `ok` checked it; this tells the type checker
     return float(value[0]), float(value[1])
 
 

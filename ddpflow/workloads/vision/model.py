@@ -27,6 +27,9 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class ImageClassifier(nn.Module):
+    mean: torch.Tensor  # buffers (registered in __init__)
+    std: torch.Tensor
+
     def __init__(self, backbone: nn.Module, freeze_backbone: bool = False):
         super().__init__()
         self.backbone = backbone

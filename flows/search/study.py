@@ -1,0 +1,124 @@
+"""The sweep's Optuna study: its sampler, its pruner, and a trial's values from the space.
+
+Optuna runs in the flow process only (ask/tell): the trials' ranks never import it. The
+sampler is seeded by the sweep's `seed`, so the same seed asks the same first trials.
+The pruners are Optuna's own: ASHA is `SuccessiveHalvingPruner` (rungs at epochs r, r·η,
+r·η², ... with r = min_epochs), Hyperband is `HyperbandPruner` over the same r and η.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import optuna
+
+from ddpflow.workloads.sweep.space import Choices, SearchSpace
+
+SamplerName = Literal["tpe", "random"]
+PrunerName = Literal["asha", "hyperband", "none"]
+
+
+def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
+    if name == "tpe":
+        # constant_liar: trials still running count as bad guesses, so concurrent asks
+        # spread out instead of piling onto the same point.
+        return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"sampler={name!r}: use tpe or random")
+
+
+def make_pruner(
+    name: PrunerName, min_epochs: int, eta: int, max_epochs: int
+) -> optuna.pruners.BasePruner:
+    if name == "asha":
+        return optuna.pruners.SuccessiveHalvingPruner(min_resource=min_epochs, reduction_factor=eta)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(
+            min_resource=min_epochs, max_resource=max_epochs, reduction_factor=eta
+        )
+    if name == "none":
+        return optuna.pruners.NopPruner()
+    raise ValueError(f"pruner={name!r}: use asha, hyperband or none")
+
+
+def make_study(
+    sampler: SamplerName,
+    pruner: PrunerName,
+    seed: int,
+    min_epochs: int,
+    eta: int,
+    max_epochs: int,
+    study_name: str | None = None,
+    storage: optuna.storages.BaseStorage | None = None,
+) -> optuna.Study:
+    """A study that minimises the validation loss: new, or the one of that name in `storage`
+    (flows.search.storage), resumed. A resumed study's sampler is seeded with the seed plus
+    the trials it holds, so it does not ask the first trials' values again."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # the flow prints its own lines
+    study = optuna.create_study(
+        direction="minimize",
+        sampler=make_sampler(sampler, seed),
+        pruner=make_pruner(pruner, min_epochs, eta, max_epochs),
+        study_name=study_name,
+        storage=storage,
+        load_if_exists=True,
+    )
+    held = len(study.get_trials(deepcopy=False))
+    if held:
+        study.sampler = make_sampler(sampler, seed + held)
+    return study
+
+
+def suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    """The trial's values of the space's fields, sampled by the study's sampler."""
+    values: dict[str, Any] = {}
+    for d in space.dimensions:
+        if isinstance(d, Choices):
+            values[d.name] = trial.suggest_categorical(d.name, list(d.values))
+        elif d.kind is int:
+            step = int(d.step) if d.step is not None else 1
+            values[d.name] = trial.suggest_int(
+                d.name, int(d.low), int(d.high), step=step, log=d.log
+            )
+        else:
+            values[d.name] = trial.suggest_float(d.name, d.low, d.high, step=d.step, log=d.log)
+    return values
+
+
+class StudyDesk:
+    """The study behind one lock: the trial threads ask, report and tell through it, so the
+    asks happen one at a time, in order (the same seed gives the same first trials)."""
+
+    def __init__(self, study: optuna.Study, space: SearchSpace):
+        self.study, self.space = study, space
+        self._lock = threading.Lock()
+
+    def ask(self) -> tuple[optuna.Trial, dict[str, Any]]:
+        with self._lock:
+            trial = self.study.ask()
+            return trial, suggest(trial, self.space)
+
+    def report(self, trial: optuna.Trial, epoch: int, value: float, can_prune: bool) -> bool:
+        """Report the epoch's loss; whether the pruner stops the trial here."""
+        with self._lock:
+            trial.report(value, epoch)
+            return can_prune and trial.should_prune()
+
+    def tell(
+        self, trial: optuna.Trial, state: optuna.trial.TrialState, value: float | None = None
+    ) -> None:
+        with self._lock:
+            self.study.tell(trial, value, state=state)
+
+    def best(self) -> tuple[int, float, Mapping[str, Any]] | None:
+        """(trial number, value, params) of the best completed trial, or None."""
+        with self._lock:
+            done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            if not done:
+                return None
+            top = self.study.best_trial
+            assert top.value is not None
+            return top.number, top.value, dict(top.params)
