@@ -239,7 +239,7 @@ def upload_folder(aws: dict[str, str], count: int, size: int) -> dict[str, Any]:
 
 
 def flow_env(project: Path, aws: dict[str, str]) -> dict[str, str]:
-    """A user's fresh project (tests/integration/conftest.py project_env, without copying the
+    """A user's fresh project (tests/helpers/projects.py project_env, without copying the
     databases in: the flow seeds them from the installed templates on a first run)."""
     env = {
         k: v

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 import pytest
 import torch
@@ -20,7 +20,8 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+from tests.helpers.paths import CHECKOUT  # noqa: E402
+
 # What a test run may add at the checkout's top: its tools' caches.
 CACHES = {".pytest_cache", ".ruff_cache", ".import_linter_cache", "__pycache__"}
 ENTRIES_AT_START = pytest.StashKey[set[str]]()
@@ -64,7 +65,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # session-scoped fixture that lives in its process share a group, so that fixture is built
 # once too: the Slurm cluster. (The uninterrupted reference run that the fault-tolerance,
 # multi-host and graceful-leave modules compare with is a folder any process reads, made
-# once under a file lock: tests/integration/session_folder.py; so those modules, about 20
+# once under a file lock: tests/helpers/session_folder.py; so those modules, about 20
 # minutes together, run side by side.) Unit tests have no group: any process takes them
 # one by one.
 #

@@ -46,7 +46,7 @@ def _rotated(index: int) -> str:
 
 @pytest.fixture(scope="module")
 def gpu_workers() -> Iterator[tuple]:
-    from tests.integration.resource_cluster import resource_cluster
+    from tests.helpers.resource_cluster import resource_cluster
 
     workers = {
         f"gpu-{i}": {"resources": {"GPU": 1}, "env": {"CUDA_VISIBLE_DEVICES": _rotated(i)}}

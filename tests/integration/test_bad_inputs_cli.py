@@ -22,12 +22,9 @@ from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
 from infra.services import free_port
-from tests.integration.conftest import (
-    cli_exit_code,
-    flow_run_task_runs,
-    latest_flow_run,
-)
-from tests.pngs import png
+from tests.helpers.in_process import cli_exit_code
+from tests.helpers.pngs import png
+from tests.helpers.prefect_reads import flow_run_task_runs, latest_flow_run
 
 pytestmark = pytest.mark.integration
 

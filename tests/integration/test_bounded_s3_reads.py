@@ -14,8 +14,8 @@ from ddpflow import storage
 from ddpflow.storage.capped_read import ReadRefused, TooLarge
 from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
 from ddpflow.workloads.vision.objects import BadObject, read_objects
-from tests.integration.s3_servers import s3_client, use_s3
-from tests.pngs import png
+from tests.helpers.pngs import png
+from tests.helpers.s3_servers import s3_client, use_s3
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 BUCKET = "ddpflow-bounded"  # the conftest's `s3_endpoint` fixture creates it

@@ -21,7 +21,7 @@ from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote
 from ddpflow.workloads.charlm.evaluation import register_model
 from infra.services import free_port, start_mlflow, stop
-from tests.unit.champion_helpers import (
+from tests.helpers.champion_helpers import (
     constant_model,
     start_checkpointed_run,
     unigram_bias,

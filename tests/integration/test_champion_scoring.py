@@ -21,7 +21,7 @@ from mlflow.tracking import MlflowClient
 from ddpflow.registry.read import RegistryError, tag_checkpoint
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote, score_version
 from infra.procs import free_port
-from tests.unit.champion_helpers import (
+from tests.helpers.champion_helpers import (
     add_version,
     constant_model,
     expected_loss,

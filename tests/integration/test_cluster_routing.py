@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from ddpflow.cluster.build import task_placement
 from ddpflow.distributed import PlanError, RankContext, launch
-from tests.integration.resource_cluster import resource_cluster
+from tests.helpers.resource_cluster import resource_cluster
 
 pytestmark = pytest.mark.integration
 WORKERS = {

@@ -18,7 +18,7 @@ from ddpflow.cluster.forkserver import FORKSERVER_PRELOAD
 from infra.dask_service import start_dask
 from infra.procs import stop
 from infra.services import free_port
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def client(tmp_path_factory) -> Iterator[distributed.Client]:
     logs = tmp_path_factory.mktemp("dask-worker-forkserver")
-    scheduler, workers = start_dask(free_port(), 2, {"PYTHONPATH": str(REPO)}, logs)
+    scheduler, workers = start_dask(free_port(), 2, {"PYTHONPATH": str(CHECKOUT)}, logs)
     try:
         with distributed.Client(scheduler.url, timeout=30) as client:
             client.wait_for_workers(2, timeout=60)

@@ -19,15 +19,15 @@ from mlflow.tracking import MlflowClient
 
 import infra.stack
 from infra.state import BUCKET
-from tests.integration.charlm_runs import SMALL_SOURCE
-from tests.integration.prefect_api import (
+from tests.helpers.charlm_runs import SMALL_SOURCE
+from tests.helpers.prefect_api import (
     FINAL_STATES,
     artifacts,
     flow_run,
     state_history,
     wait_for_state,
 )
-from tests.integration.s3_servers import list_keys
+from tests.helpers.s3_servers import list_keys
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

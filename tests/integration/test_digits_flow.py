@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import prefect_records, project_tracking, run_in_project
+from tests.helpers.projects import prefect_records, project_tracking, run_in_project
 
 pytestmark = pytest.mark.integration
 

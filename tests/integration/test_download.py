@@ -15,7 +15,7 @@ import pytest
 from ddpflow import storage
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 from ddpflow.workloads.charlm.data import fetch_corpus
-from tests.integration.s3_servers import s3_client, without_aws_credentials
+from tests.helpers.s3_servers import s3_client, without_aws_credentials
 
 pytestmark = pytest.mark.integration
 BODY = DEFAULT_CORPUS_PATH.read_bytes()

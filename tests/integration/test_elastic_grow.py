@@ -1,7 +1,7 @@
 """Elastic both ways, for real: a LocalCluster of worker processes gains workers while a
 ddpflow.run() training runs (cluster.scale), and loses one to SIGKILL.
 
-The training (tests/integration/grow_functions.py) is ddpflow.fit with a control step at
+The training (tests/helpers/grow_functions.py) is ddpflow.fit with a control step at
 every step; each rank writes down the samples of every step, so the tests count what each
 epoch trained on over all attempts.
 """
@@ -26,7 +26,7 @@ import ddpflow
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervisor.watch import cluster_workers
 from ddpflow.tracking.run import FINAL_WORLD_SIZE_TAG, WORLD_SIZES_TAG
-from tests.integration.grow_functions import EPOCHS, SAMPLES, recorded_fit, samples_by_epoch
+from tests.helpers.grow_functions import EPOCHS, SAMPLES, recorded_fit, samples_by_epoch
 
 SETTLE_S = 5.0
 WAIT_S = 120.0

@@ -24,9 +24,10 @@ from ddpflow.integrations.prefect.server import (
     stop_server,
     wait_healthy,
 )
-from tests.integration.charlm_runs import TINY
-from tests.integration.conftest import REPO, project_env
-from tests.integration.prefect_harness import api_of_this_process
+from tests.helpers.charlm_runs import TINY
+from tests.helpers.paths import CHECKOUT
+from tests.helpers.prefect_harness import api_of_this_process
+from tests.helpers.projects import project_env
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +46,7 @@ def test_the_server_dies_with_a_flow_process_killed_by_sigkill(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "flows.train_charlm", *TINY],
         cwd=tmp_path,
-        env={**project_env(tmp_path), "PYTHONPATH": str(REPO)},
+        env={**project_env(tmp_path), "PYTHONPATH": str(CHECKOUT)},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

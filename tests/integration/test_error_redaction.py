@@ -26,8 +26,8 @@ from ddpflow.workloads.sweep.execute import (
 )
 from infra.procs import free_port
 from tasks.restarts import restarts_markdown
-from tests.integration.as_stranger import run_as_stranger
-from tests.integration.rank_functions import mlflow_fails_once
+from tests.helpers.as_stranger import run_as_stranger
+from tests.helpers.rank_functions import mlflow_fails_once
 
 pytestmark = pytest.mark.integration
 

@@ -31,16 +31,12 @@ from flows.train_charlm import train_charlm
 from infra.procs import Service, pid_alive
 from infra.services import free_port, start_dask, stop
 from tasks.registration import IN_PROCESS_FAILURE_TAG
-from tests.integration.charlm_runs import SMALL_SOURCE, TINY_PARAMS
-from tests.integration.conftest import (
-    REPO,
-    flow_run_task_runs,
-    project_env,
-    project_tracking,
-    run_flow,
-    start_in_process,
-)
-from tests.integration.prefect_harness import api_of_this_process
+from tests.helpers.charlm_runs import SMALL_SOURCE, TINY_PARAMS
+from tests.helpers.in_process import start_in_process
+from tests.helpers.paths import CHECKOUT
+from tests.helpers.prefect_harness import api_of_this_process
+from tests.helpers.prefect_reads import flow_run_task_runs
+from tests.helpers.projects import project_env, project_tracking, run_flow
 
 pytestmark = pytest.mark.integration
 MARK_ENV = "DDPFLOW_TEST_PROCESS_MARK"
@@ -131,7 +127,7 @@ def external_dask(tmp_path: Path, mark: str, **extra_env: str) -> Iterator[tuple
     own session, without PREFECT_API_URL; both are stopped (the whole group) at the end,
     also when the test ended them itself (then that finds nothing left to stop)."""
     env = {
-        "PYTHONPATH": str(REPO),
+        "PYTHONPATH": str(CHECKOUT),
         "PREFECT_HOME": str(tmp_path / "worker-prefect"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         MARK_ENV: mark,

@@ -17,7 +17,7 @@ import pytest
 from ddpflow.distributed.context import find_free_port
 from ddpflow.distributed.supervisor.classify import classify
 from ddpflow.distributed.supervisor.failures import FailureKind
-from tests.integration.failing_ranks import run_rank
+from tests.helpers.failing_ranks import run_rank
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ from ddpflow.tracking.run import FINAL_WORLD_SIZE_TAG, WORLD_SIZES_TAG
 from flows.params import CharLMParams, SweepParams
 from flows.sweep_charlm import sweep_charlm
 from flows.train_charlm import train_charlm
-from tests.integration.charlm_runs import (
+from tests.helpers.charlm_runs import (
     EPOCHS,
     TINY_PARAMS,
     assert_completed_once_with_one_restart,
@@ -49,7 +49,7 @@ from tests.integration.charlm_runs import (
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import finish_in_process, start_in_process
+from tests.helpers.in_process import finish_in_process, start_in_process
 
 pytestmark = pytest.mark.integration
 TRAINED = "ddpflow: pet-name model trained"  # the flow's summary, its last log line

@@ -16,7 +16,7 @@ import flows
 from ddpflow.workloads.charlm.report import EvalResult
 from ddpflow.workloads.vision.image_folder import IMG_EXTENSIONS
 from ddpflow.workloads.vision.reports import ImageEvalResult
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ def test_every_flow_module_imports_without_torch_and_starts_nothing():
         "print(len(psutil.Process().children(recursive=True)))\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", script], cwd=CHECKOUT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     heavy, children = done.stdout.split("\n")[:2]
@@ -73,7 +73,7 @@ def test_the_evaluation_results_the_flow_receives_unpickle_without_torch():
     )
     done = subprocess.run(
         [sys.executable, "-c", script, pickle.dumps(results).hex()],
-        cwd=REPO,
+        cwd=CHECKOUT,
         capture_output=True,
         text=True,
         timeout=120,

@@ -15,7 +15,7 @@ import pytest
 
 from ddpflow.cluster.build import local_cluster
 from ddpflow.distributed.supervisor.relaunch import Restart, launch_with_restarts
-from tests.integration.leave_ranks import CONTROL_EVERY, steps_until_asked
+from tests.helpers.leave_ranks import CONTROL_EVERY, steps_until_asked
 
 pytestmark = pytest.mark.integration
 # Asked just past a control step, the group stops about 2 s later, at the next one: after the

@@ -31,7 +31,7 @@ from flows.train_charlm import train_charlm
 from infra.dask_service import LOOPBACK_HTTP
 from infra.procs import Service, spawn, stop
 from infra.runtime import BIN, base_env
-from tests.integration.charlm_runs import (
+from tests.helpers.charlm_runs import (
     EPOCHS,
     TINY_PARAMS,
     assert_same_metrics,
@@ -43,11 +43,8 @@ from tests.integration.charlm_runs import (
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import (
-    REPO,
-    finish_in_process,
-    start_in_process,
-)
+from tests.helpers.in_process import finish_in_process, start_in_process
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 CONTROL_EVERY = 20  # fit() reads a stop request every log_every_steps (20) steps
@@ -86,7 +83,7 @@ class Workers:
         self.scheduler, self.started = scheduler, []
 
     def start(self) -> Service:
-        env = base_env({**self.scheduler["worker_env"], **WORKER_ENV, "PYTHONPATH": str(REPO)})
+        env = base_env({**self.scheduler["worker_env"], **WORKER_ENV, "PYTHONPATH": str(CHECKOUT)})
         argv = [
             str(BIN / "dask"), "worker", self.scheduler["address"], "--nthreads", "1",
             "--host", "127.0.0.1", *LOOPBACK_HTTP, *WORKER_CLI_ARGS,

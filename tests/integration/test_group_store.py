@@ -28,7 +28,7 @@ from ddpflow.distributed.group_store import (
 )
 from ddpflow.distributed.sealed_store import SealBroken
 from infra.procs import free_port
-from tests.listeners import listening_addresses
+from tests.helpers.listeners import listening_addresses
 
 pytestmark = pytest.mark.integration
 

@@ -19,9 +19,9 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
-LIBRARY = REPO / "ddpflow"
+LIBRARY = CHECKOUT / "ddpflow"
 
 pytestmark = pytest.mark.integration
 
@@ -37,15 +37,15 @@ def library_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = tmp_path / "source"
     listed = subprocess.run(
         ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
+        cwd=CHECKOUT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split("\0")
     for name in filter(None, listed):
-        if (REPO / name).is_file():
+        if (CHECKOUT / name).is_file():
             (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, source / name)
+            shutil.copy2(CHECKOUT / name, source / name)
     wheels = tmp_path / "wheels"
     command = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation"]
     subprocess.run(
@@ -80,7 +80,7 @@ EXTRAS_DISTRIBUTIONS = {
     "matplotlib",
     "scikit-learn",
 }
-# The library's parts that need one (tests/integration/wheel_venv_training.py calls each).
+# The library's parts that need one (tests/helpers/wheel_venv_training.py calls each).
 NEEDS = {
     "sweep plots": "plots",
     "scaling plots": "plots",
@@ -198,7 +198,7 @@ def test_the_wheel_without_extras_trains_on_dask_without_prefect_or_plots(
         # bootstrap there.
         pip = [sys.executable, "-m", "pip", "--python", str(python)]
         install = subprocess.run(
-            [*pip, "install", "-q", "-c", str(REPO / "constraints.txt"), str(library_wheel)],
+            [*pip, "install", "-q", "-c", str(CHECKOUT / "constraints.txt"), str(library_wheel)],
             capture_output=True,
             text=True,
             timeout=900,
@@ -259,10 +259,10 @@ def test_the_distributed_package_stays_small_and_its_supervisor_says_what_each_f
 def test_each_name_says_one_thing():
     """No two library modules called progress, and one public function called fit: the one
     users call (ddpflow.fit)."""
-    progress = sorted(str(p.relative_to(REPO)) for p in LIBRARY.rglob("progress.py"))
+    progress = sorted(str(p.relative_to(CHECKOUT)) for p in LIBRARY.rglob("progress.py"))
     assert len(progress) == 1, progress
     fits = [
-        str(path.relative_to(REPO))
+        str(path.relative_to(CHECKOUT))
         for path in LIBRARY.rglob("*.py")
         for node in ast.parse(path.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name == "fit"

@@ -24,13 +24,10 @@ from ddpflow.workloads.vision.reports import read_confusion_csv
 from ddpflow.workloads.vision.split import num_held_out
 from flows.params import ImageParams
 from flows.train_images import train_images
-from tests.integration.conftest import (
-    completed_task_runs,
-    flow_run_logs,
-    project_tracking,
-    run_in_process,
-)
-from tests.integration.s3_servers import (
+from tests.helpers.in_process import run_in_process
+from tests.helpers.prefect_reads import completed_task_runs, flow_run_logs
+from tests.helpers.projects import project_tracking
+from tests.helpers.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
     list_keys,

@@ -32,9 +32,10 @@ from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
 from flows.summary import mlflow_ui_hint
 from infra.services import free_port, start_mlflow, start_prefect_server, stop
-from tests.integration.browser import chromium
-from tests.integration.charlm_runs import SMALL_SOURCE
-from tests.integration.conftest import REPO, run_in_process
+from tests.helpers.browser import chromium
+from tests.helpers.charlm_runs import SMALL_SOURCE
+from tests.helpers.in_process import run_in_process
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 
@@ -161,7 +162,10 @@ def test_run_is_named_and_described_after_its_flow_run_and_commit(trained):
     ui = trained["prefect_url"].removesuffix("/api")
     assert f"{ui}/runs/flow-run/{prefect_run['id']}" in note
     head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(CHECKOUT), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     assert head in note
     assert run.data.tags["mlflow.source.git.commit"].startswith(head)

@@ -26,7 +26,7 @@ from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import fetch_corpus, format_corpus
 from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.charlm.training import train_rank
-from tests.integration.rank_functions import join_slowly_once, started_at, stuck_once
+from tests.helpers.rank_functions import join_slowly_once, started_at, stuck_once
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from ddpflow.config import Settings
 from ddpflow.integrations.prefect import early_cluster
 from ddpflow.integrations.prefect import task_runner as runner
-from tests.integration.stranger_worker import readable_packages
+from tests.helpers.stranger_worker import readable_packages
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 
@@ -22,7 +22,7 @@ def test_importing_tracking_keeps_warnings_visible():
         "print(logging.getLogger().level, len(logging.getLogger().handlers))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=CHECKOUT, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert "the run stays RUNNING" in done.stderr

@@ -33,7 +33,7 @@ from flows.params import CharLMParams, ImageParams
 from flows.train_charlm import train_charlm
 from flows.train_images import train_images
 from infra import netns
-from tests.integration.charlm_runs import (
+from tests.helpers.charlm_runs import (
     EPOCHS,
     TINY,
     TINY_PARAMS,
@@ -42,26 +42,26 @@ from tests.integration.charlm_runs import (
     finish,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import (
-    REPO,
+from tests.helpers.grow_functions import EPOCHS as GROW_EPOCHS
+from tests.helpers.grow_functions import SAMPLES, recorded_fit, samples_by_epoch
+from tests.helpers.in_process import (
     cli_exit_code,
     finish_in_process,
-    latest_flow_run,
-    project_env,
     run_in_process,
     start_in_process,
 )
-from tests.integration.grow_functions import EPOCHS as GROW_EPOCHS
-from tests.integration.grow_functions import SAMPLES, recorded_fit, samples_by_epoch
-from tests.integration.multihost import (
+from tests.helpers.multihost import (
     BUCKET,
     MultiHost,
     loopback_forwarder,
     multihost_cluster,
 )
-from tests.integration.prefect_harness import api_of_this_process
-from tests.integration.rank_functions import advertise_loopback_once, started_at, stuck_once
-from tests.integration.s3_servers import s3_env
+from tests.helpers.paths import CHECKOUT
+from tests.helpers.prefect_harness import api_of_this_process
+from tests.helpers.prefect_reads import latest_flow_run
+from tests.helpers.projects import project_env
+from tests.helpers.rank_functions import advertise_loopback_once, started_at, stuck_once
+from tests.helpers.s3_servers import s3_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]
 # A cut-off host's rank makes rank 0's collective wait this long before the group fails.
@@ -110,7 +110,7 @@ def start_command(
     return subprocess.Popen(
         [sys.executable, "-m", "flows.train_charlm", *TINY],
         cwd=project,
-        env={**full_env, **(env or {}), "PYTHONPATH": str(REPO)},
+        env={**full_env, **(env or {}), "PYTHONPATH": str(CHECKOUT)},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -306,7 +306,7 @@ def test_a_third_host_that_joins_mid_run_grows_the_group_onto_it(restored, tmp_p
     max_workers=3: once c's worker has stayed the settle time, the group takes a step
     checkpoint and relaunches with 3 ranks, one on c, in the same MLflow run and spending no
     restart (max_restarts=0 would fail the run otherwise). The training
-    (tests/integration/grow_functions.py) steps slowly until the group grew."""
+    (tests/helpers/grow_functions.py) steps slowly until the group grew."""
     steps, pause = tmp_path / "steps", tmp_path / "pause"
     steps.mkdir()
     pause.touch()

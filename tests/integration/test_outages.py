@@ -28,15 +28,12 @@ from flows.cli import CLIENT_MAX_RETRIES, CLIENT_RETRIES_ENV
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.services import Service, free_port, start_prefect_server, stop
-from tests.integration import prefect_api
-from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
-from tests.integration.conftest import (
-    finish_in_process,
-    project_tracking,
-    start_in_process,
-)
-from tests.integration.prefect_harness import api_of_this_process
-from tests.integration.s3_servers import (
+from tests.helpers import prefect_api
+from tests.helpers.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
+from tests.helpers.in_process import finish_in_process, start_in_process
+from tests.helpers.prefect_harness import api_of_this_process
+from tests.helpers.projects import project_tracking
+from tests.helpers.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
     list_keys,
@@ -44,7 +41,7 @@ from tests.integration.s3_servers import (
     s3_env,
     start_test_seaweedfs,
 )
-from tests.integration.worker_logs import cluster_keeping_logs, worker_log
+from tests.helpers.worker_logs import cluster_keeping_logs, worker_log
 
 pytestmark = pytest.mark.integration
 BUCKET = "ddpflow-outage"

@@ -29,7 +29,7 @@ from flows.params import (
     SweepParams,
     validate_params,
 )
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = pytest.mark.integration
 
@@ -163,7 +163,7 @@ def test_trial_and_flow_accept_and_refuse_the_same_values(field, inside, outside
 def test_the_docs_tables_are_generated_from_the_declaration() -> None:
     stale = param_docs.stale(write=False)
     assert stale == [], f"run `python -m flows.param_docs`: {stale}"
-    text = (REPO / "docs" / "charlm.md").read_text()
+    text = (CHECKOUT / "docs" / "charlm.md").read_text()
     assert param_docs.table(FLOWS["train-charlm"]) in text
 
 
@@ -177,14 +177,14 @@ def test_the_docs_tables_are_generated_from_the_declaration() -> None:
 )
 def test_a_planted_docs_drift_is_caught(planted: str, found: str) -> None:
     tables = {name: param_docs.table(flow) for name, flow in FLOWS.items()}
-    fresh = param_docs.render((REPO / "docs" / "charlm.md").read_text(), tables)
+    fresh = param_docs.render((CHECKOUT / "docs" / "charlm.md").read_text(), tables)
     assert planted in fresh
     drifted = fresh.replace(planted, found, 1)
     assert param_docs.render(drifted, tables) == fresh != drifted
 
 
 def _deployments() -> list[dict[str, Any]]:
-    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    spec = yaml.safe_load((CHECKOUT / "deployments" / "prefect.yaml").read_text())
     return spec["deployments"]
 
 
@@ -241,7 +241,7 @@ def test_a_value_out_of_bounds_is_refused_with_the_declared_bound(model_name, fi
 
 
 def _entrypoints() -> list[str]:
-    spec = yaml.safe_load((REPO / "examples" / "prefect.yaml").read_text())
+    spec = yaml.safe_load((CHECKOUT / "examples" / "prefect.yaml").read_text())
     return [e["entrypoint"] for e in _deployments() + spec["deployments"]]
 
 
@@ -265,7 +265,7 @@ def test_a_deployed_flow_unpickles_in_a_process_that_did_not_load_it(entrypoint)
         [sys.executable, "-c", "import pickle, sys; pickle.loads(sys.stdin.buffer.read())"],
         input=cloudpickle.dumps(flow),
         capture_output=True,
-        cwd=REPO,
+        cwd=CHECKOUT,
         timeout=120,
         check=False,
     )

@@ -26,9 +26,10 @@ from prefect.client.orchestration import get_client
 
 from ddpflow.integrations.prefect.promotion_limit import LEASE_S, limit_name, promotion_lock
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, promote
-from tests.integration.conftest import REPO, migrated_prefect_db, project_env
-from tests.integration.prefect_harness import api_of_this_process, prefect_server
-from tests.unit.champion_helpers import add_version, constant_model, peaked_bias, write_holdout
+from tests.helpers.champion_helpers import add_version, constant_model, peaked_bias, write_holdout
+from tests.helpers.paths import CHECKOUT
+from tests.helpers.prefect_harness import api_of_this_process, prefect_server
+from tests.helpers.projects import migrated_prefect_db, project_env
 
 pytestmark = pytest.mark.integration
 REPOSSESSOR_LOOP_S = 1.0
@@ -41,7 +42,7 @@ LEASING_SERVER = {
     "PREFECT_SERVER_SERVICES_REPOSSESSOR_LOOP_SECONDS": str(REPOSSESSOR_LOOP_S),
     **{f"PREFECT_SERVER_SERVICES_{name}_ENABLED": "false" for name in IDLE_SERVICES},
 }
-CONTENDER = [sys.executable, "-m", "tests.integration.promotion_contender"]
+CONTENDER = [sys.executable, "-m", "tests.helpers.promotion_contender"]
 START_S = 120.0  # three processes importing Prefect at once on two busy cores
 
 
@@ -79,7 +80,7 @@ def test_three_promoters_never_overlap_and_a_frozen_holder_is_passed_after_its_l
     processes = [
         subprocess.Popen(
             [*CONTENDER, model, str(rounds), str(tmp_path / f"{i}.jsonl"), str(go), str(work)],
-            cwd=REPO,
+            cwd=CHECKOUT,
             env=env,
         )
         for i, (rounds, go, work) in enumerate(plans)

@@ -19,7 +19,7 @@ import ddpflow
 from ddpflow.checkpoint.store import CheckpointStore, saved_names
 from ddpflow.tracking.run import TRACKING_INCOMPLETE_TAG
 from examples import digits, digits_fit, regression_mlp
-from tests.integration import api_train_functions as functions
+from tests.helpers import api_train_functions as functions
 
 pytestmark = pytest.mark.integration
 EPOCHS = 6  # the fewest that reach 0.9 held-out accuracy with margin (0.937 measured)

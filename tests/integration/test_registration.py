@@ -51,7 +51,7 @@ from tasks.registration import (
     RegistrationFailed,
     register_trained,
 )
-from tests.unit.champion_helpers import constant_model, save_checkpoint
+from tests.helpers.champion_helpers import constant_model, save_checkpoint
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("prefect_api_url")]
 MODEL = "ddpflow-charlm-registration"

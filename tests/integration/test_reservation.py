@@ -21,7 +21,7 @@ import pytest
 
 from ddpflow.distributed import cluster_workers, launch
 from ddpflow.distributed.reservation import ReservationTimeout, reserve_workers
-from tests.integration.rank_functions import hold_until, started_at
+from tests.helpers.rank_functions import hold_until, started_at
 
 pytestmark = pytest.mark.integration
 WAITING = "waiting for 2 free workers"

@@ -16,15 +16,15 @@ from mlflow.tracking import MlflowClient
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS
 from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
-from tests.integration.charlm_runs import SMALL_SOURCE
-from tests.integration.conftest import run_in_process
-from tests.unit.champion_helpers import (
+from tests.helpers.champion_helpers import (
     add_version,
     constant_model,
     peaked_bias,
     unigram_bias,
     write_holdout,
 )
+from tests.helpers.charlm_runs import SMALL_SOURCE
+from tests.helpers.in_process import run_in_process
 
 pytestmark = pytest.mark.integration
 MODEL = "retrain-test-model"

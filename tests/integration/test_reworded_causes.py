@@ -46,7 +46,7 @@ from ddpflow.distributed.supervisor.relaunch import (
     launch_with_restarts,
 )
 from ddpflow.distributed.supervisor.timings import SupervisionConfig
-from tests.integration.leave_ranks import CONTROL_EVERY, steps_until_asked
+from tests.helpers.leave_ranks import CONTROL_EVERY, steps_until_asked
 
 pytestmark = pytest.mark.integration
 K = FailureKind

@@ -1,4 +1,4 @@
-"""A restart inside a user's Prefect flow, for real: `python -m tests.integration.api_flows`
+"""A restart inside a user's Prefect flow, for real: `python -m tests.helpers.api_flows`
 runs a flow whose training loses a worker process to a real SIGKILL mid-run, on the
 LocalCluster its DaskTaskRunner starts, with its own Prefect home. Nothing is mocked."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.integration.conftest import prefect_records, run_in_project
+from tests.helpers.projects import prefect_records, run_in_project
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 # with its cause, and the flow still completes. docs/inspecting.md "Progress": the
 # training's one progress artifact follows it across the restart.
 def test_a_restart_in_a_flow_is_logged_by_the_task(tmp_path):
-    result = run_in_project([sys.executable, "-m", "tests.integration.api_flows"], tmp_path)
+    result = run_in_project([sys.executable, "-m", "tests.helpers.api_flows"], tmp_path)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "killed 1 worker(s); held-out accuracy: 0.9" in output, output[-4000:]

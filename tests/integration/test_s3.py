@@ -20,14 +20,10 @@ from ddpflow.preflight.checks import PreflightError, check_artifact_store, check
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.services import free_port
-from tests.integration.conftest import (
-    completed_task_runs,
-    flow_run_logs,
-    flow_run_records,
-    run_in_process,
-    tiny_charlm_params,
-)
-from tests.integration.s3_servers import (
+from tests.helpers.in_process import run_in_process
+from tests.helpers.prefect_reads import completed_task_runs, flow_run_logs, flow_run_records
+from tests.helpers.projects import tiny_charlm_params
+from tests.helpers.s3_servers import (
     ACCESS_KEY,
     SECRET_KEY,
     list_keys,

@@ -22,14 +22,11 @@ from ddpflow.tracking.inspection import NOTE_TAG
 from flows.params import CharLMScalingParams, ImageScalingParams, ParameterError
 from flows.scaling_charlm import scaling_charlm
 from flows.scaling_images import scaling_images
-from tests.integration.charlm_runs import small_corpus
-from tests.integration.conftest import (
-    flow_run_logs,
-    flow_run_records,
-    project_tracking,
-    run_in_process,
-)
-from tests.pngs import png
+from tests.helpers.charlm_runs import small_corpus
+from tests.helpers.in_process import run_in_process
+from tests.helpers.pngs import png
+from tests.helpers.prefect_reads import flow_run_logs, flow_run_records
+from tests.helpers.projects import project_tracking
 
 pytestmark = pytest.mark.integration
 

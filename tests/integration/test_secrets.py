@@ -30,15 +30,10 @@ from prefect.settings import PREFECT_API_URL
 
 from ddpflow.preflight.checks import PreflightError, check_tracking
 from flows.train_charlm import train_charlm
-from tests.integration.conftest import (
-    READ_RECORDS,
-    cli_exit_code,
-    flow_run_records,
-    latest_flow_run,
-    project_env,
-    tiny_charlm,
-)
-from tests.integration.prefect_harness import database_files
+from tests.helpers.in_process import cli_exit_code
+from tests.helpers.prefect_harness import database_files
+from tests.helpers.prefect_reads import flow_run_records, latest_flow_run
+from tests.helpers.projects import READ_RECORDS, project_env, tiny_charlm
 
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.

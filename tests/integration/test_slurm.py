@@ -28,19 +28,16 @@ import pytest
 
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
-from tests.integration.charlm_runs import (
+from tests.helpers.charlm_runs import (
     TINY_PARAMS,
     assert_completed_once_with_one_restart,
     the_run,
     wait_for_checkpoint,
 )
-from tests.integration.conftest import (
-    REPO,
-    finish_in_process,
-    start_in_process,
-)
-from tests.integration.slurm_cluster import Slurm
-from tests.integration.stranger_worker import StrangerWorker, plain_tcp_client, require_stranger
+from tests.helpers.in_process import finish_in_process, start_in_process
+from tests.helpers.paths import CHECKOUT
+from tests.helpers.slurm_cluster import Slurm
+from tests.helpers.stranger_worker import StrangerWorker, plain_tcp_client, require_stranger
 
 pytestmark = [pytest.mark.integration, pytest.mark.slurm]
 
@@ -83,7 +80,7 @@ def start_flow(
         "log_directory": str(project / "slurm-logs"),
         # Where the run's TLS credentials folder goes (the home folder by default).
         "shared_temp_directory": str(project),
-        "job_script_prologue": [f"export PYTHONPATH={REPO}"],
+        "job_script_prologue": [f"export PYTHONPATH={CHECKOUT}"],
         "wait_for_workers_s": JOBS_TIMEOUT_S,
     }
     env = {

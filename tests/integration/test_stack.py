@@ -27,8 +27,8 @@ from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
 from infra.seaweedfs.server import grpc_socket_paths
 from infra.state import BUCKET, START_ORDER, WORK_POOL, StackError, StackState
-from tests.integration.as_stranger import STRANGER_UID, require_stranger, run_as_stranger
-from tests.integration.s3_servers import s3_client
+from tests.helpers.as_stranger import STRANGER_UID, require_stranger, run_as_stranger
+from tests.helpers.s3_servers import s3_client
 
 pytestmark = pytest.mark.integration
 

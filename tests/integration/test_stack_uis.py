@@ -5,7 +5,7 @@ training against it (`python -m flows.train_charlm` with the stack's env.sh, as 
 it), then the browser: the URLs and the login that `up` prints (the docs say the same), the
 Prefect UI's flow-run page and the MLflow run page with the run's name and metrics, not a
 login, 404 or "Can't connect" page. Chromium is driven over the DevTools protocol
-(tests/integration/browser.py): MLflow's basic auth is answered as a user answers the
+(tests/helpers/browser.py): MLflow's basic auth is answered as a user answers the
 browser's dialog, and the Prefect UI's login form is typed into.
 
 The stack (~75-150 s on 2 shared cores) and the training are made once for the module.
@@ -24,8 +24,8 @@ from mlflow.tracking import MlflowClient
 
 from infra import stack
 from infra.state import WORK_POOL, StackState
-from tests.integration.browser import Page, chromium, open_browser
-from tests.integration.conftest import run_flow, tiny_charlm
+from tests.helpers.browser import Page, chromium, open_browser
+from tests.helpers.projects import run_flow, tiny_charlm
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ddpflow.distributed import LaunchError, RankContext, cluster_workers, launch
 from ddpflow.distributed.main_io import FAILED
-from tests.listeners import listening_addresses
+from tests.helpers.listeners import listening_addresses
 
 pytestmark = pytest.mark.integration
 

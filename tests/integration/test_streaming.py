@@ -31,9 +31,9 @@ from ddpflow.workloads.vision.shard_format import (
     plan_shards,
 )
 from infra.services import stop
-from tests.integration.grow_functions import samples_by_epoch
-from tests.integration.s3_servers import start_test_seaweedfs, use_s3
-from tests.integration.stream_functions import stream_fit, stream_peak, write_split
+from tests.helpers.grow_functions import samples_by_epoch
+from tests.helpers.s3_servers import start_test_seaweedfs, use_s3
+from tests.helpers.stream_functions import stream_fit, stream_peak, write_split
 
 pytestmark = pytest.mark.integration
 

@@ -17,9 +17,10 @@ from mlflow.tracking import MlflowClient
 
 from flows.params import ParameterError, SweepParams
 from flows.sweep_charlm import sweep_charlm
-from tests.integration.charlm_runs import small_corpus
-from tests.integration.conftest import flow_run_logs, flow_run_records, run_in_process
-from tests.integration.trial_faults import FAULTY_LR, PRELOAD_ENV
+from tests.helpers.charlm_runs import small_corpus
+from tests.helpers.in_process import run_in_process
+from tests.helpers.prefect_reads import flow_run_logs, flow_run_records
+from tests.helpers.trial_faults import FAULTY_LR, PRELOAD_ENV
 
 pytestmark = pytest.mark.integration
 

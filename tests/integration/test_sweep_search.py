@@ -30,14 +30,11 @@ from ddpflow.workloads.sweep.space import parse_space
 from flows.params import SweepParams
 from flows.search.study import StudyDesk, make_study
 from flows.sweep_charlm import sweep_charlm
-from tests.integration.charlm_runs import small_corpus
-from tests.integration.conftest import (
-    flow_run_logs,
-    flow_run_records,
-    project_env,
-    run_in_process,
-)
-from tests.integration.trial_faults import FAULTY_LR, PRELOAD_ENV
+from tests.helpers.charlm_runs import small_corpus
+from tests.helpers.in_process import run_in_process
+from tests.helpers.prefect_reads import flow_run_logs, flow_run_records
+from tests.helpers.projects import project_env
+from tests.helpers.trial_faults import FAULTY_LR, PRELOAD_ENV
 
 pytestmark = pytest.mark.integration
 

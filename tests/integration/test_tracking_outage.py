@@ -11,7 +11,7 @@ in a worker process, so each test starts its workers with its own environment (t
 gets it too). A `python -m flows.train_charlm` run per test would start its own Prefect
 server and cluster and import everything again: about 15-20 CPU-seconds each. What the
 flow logs the test reads back from the API; what the spool logs in the worker process
-(never sent to Prefect), the test collects there (tests/integration/worker_logs.py).
+(never sent to Prefect), the test collects there (tests/helpers/worker_logs.py).
 """
 
 from __future__ import annotations
@@ -37,14 +37,11 @@ from ddpflow.training.batching import epoch_batches
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
 from infra.services import Service, free_port, start_mlflow, stop
-from tests.integration.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
-from tests.integration.conftest import (
-    flow_run_logs,
-    flow_run_records,
-    start_in_process,
-    tiny_charlm_params,
-)
-from tests.integration.worker_logs import cluster_keeping_logs, worker_log
+from tests.helpers.charlm_runs import EPOCHS, TINY_PARAMS, wait_for_checkpoint
+from tests.helpers.in_process import start_in_process
+from tests.helpers.prefect_reads import flow_run_logs, flow_run_records
+from tests.helpers.projects import tiny_charlm_params
+from tests.helpers.worker_logs import cluster_keeping_logs, worker_log
 
 pytestmark = pytest.mark.integration
 # Two minutes: twice the 60 s after which the old logger dropped what was queued.

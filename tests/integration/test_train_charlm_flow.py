@@ -20,15 +20,14 @@ from ddpflow.integrations.prefect import early_cluster
 from ddpflow.tracking.store import template as mlflow_store_template
 from flows.params import CharLMParams
 from flows.train_charlm import train_charlm
-from tests.integration.charlm_runs import SMALL_SOURCE
-from tests.integration.conftest import (
-    completed_task_runs,
-    flow_run_logs,
+from tests.helpers.charlm_runs import SMALL_SOURCE
+from tests.helpers.in_process import run_in_process
+from tests.helpers.prefect_reads import completed_task_runs, flow_run_logs
+from tests.helpers.projects import (
     prefect_cli,
     prefect_records,
     project_tracking,
     run_flow,
-    run_in_process,
     tiny_charlm,
 )
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from ddpflow.shards.index import write_records
-from tests.conftest import CHECKOUT
+from tests.helpers.paths import CHECKOUT
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 IMAGE_SIZE = 32  # small images: a cheap validation, batches of 64 still dominate it
@@ -35,7 +35,7 @@ def _validate(tmp_path: Path, images: int) -> dict:
     uri = str(tmp_path / f"val-{images}.shards.json")
     write_records(uri, records, rng.integers(0, CLASSES, images).tolist(), per_shard=128)
     done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.validation_memory", uri, str(BATCH),
+        [sys.executable, "-m", "tests.helpers.validation_memory", uri, str(BATCH),
          str(CLASSES)],
         cwd=CHECKOUT, capture_output=True, text=True, timeout=240, check=False,
     )  # fmt: skip

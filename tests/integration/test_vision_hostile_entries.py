@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ddpflow.workloads.vision.data import MANIFEST
-from tests.pngs import png
+from tests.helpers.pngs import png
 from tests.unit.test_vision_objects import two_classes
 
 pytestmark = pytest.mark.integration

@@ -31,7 +31,7 @@ from flows.params import (
     SweepParams,
     validate_params,
 )
-from tests.pngs import png
+from tests.helpers.pngs import png
 from tests.unit.test_flow_params import VALID as CHARLM
 from tests.unit.test_sweep_params import VALID as SWEEP
 from tests.unit.test_vision_params import VALID as IMAGES

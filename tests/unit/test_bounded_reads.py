@@ -35,8 +35,13 @@ from ddpflow.workloads.charlm.champion import score_version
 from ddpflow.workloads.charlm.corpus import CorpusError, load_names
 from ddpflow.workloads.charlm.evaluation import load_model
 from ddpflow.workloads.vision.model import resolve_weights
-from tests.unit.champion_helpers import add_version, constant_model, save_checkpoint, write_holdout
-from tests.within import raises_within
+from tests.helpers.champion_helpers import (
+    add_version,
+    constant_model,
+    save_checkpoint,
+    write_holdout,
+)
+from tests.helpers.within import raises_within
 
 pytestmark = pytest.mark.timeout(120)
 BOUND_S = 10  # what each refusal may take; the good path reads a few KB

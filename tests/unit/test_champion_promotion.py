@@ -18,7 +18,7 @@ from ddpflow.registry.promotion_lock import HeldLock, PromotionLockLost
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.charlm.champion import CHAMPION_ALIAS, Decision, promote
 from ddpflow.workloads.charlm.evaluation import register_model
-from tests.unit.champion_helpers import (
+from tests.helpers.champion_helpers import (
     add_version,
     constant_model,
     peaked_bias,
@@ -26,7 +26,7 @@ from tests.unit.champion_helpers import (
     unigram_bias,
     write_holdout,
 )
-from tests.unit.registry_hooks import hook_client
+from tests.helpers.registry_hooks import hook_client
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_a_champion_moved_by_hand_while_deciding_aborts_and_the_decision_says_so
 ):
     """Someone moves the alias in the UI after the promoter read it under its lock: the
     re-read right before the write sees it, and nothing moves. The move is injected at the
-    promoter's re-read (tests/unit/registry_hooks.py); the registry is real."""
+    promoter's re-read (tests/helpers/registry_hooks.py); the registry is real."""
     uri, val_uri, folder = registry
     client = MlflowClient(uri)
     name = "moved-by-hand"

@@ -25,7 +25,7 @@ from ddpflow.workloads.vision.config import ImageModelConfig
 from ddpflow.workloads.vision.config import ModelConfigError as ImageConfigError
 from ddpflow.workloads.vision.evaluation import load_model as load_images
 from ddpflow.workloads.vision.model import build_resnet
-from tests.within import raises_within
+from tests.helpers.within import raises_within
 
 pytestmark = pytest.mark.timeout(60)
 SMALL = CharLSTMConfig(hidden_size=8, num_layers=1, dropout=0.0)

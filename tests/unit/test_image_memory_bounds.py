@@ -32,9 +32,9 @@ from ddpflow.workloads.vision.objects import (
     read_objects,
 )
 from flows.params import ImageParams, ParameterError, validate_params
-from tests.pngs import png
+from tests.helpers.pngs import png
+from tests.helpers.within import outcome_within
 from tests.unit.test_vision_params import VALID
-from tests.within import outcome_within
 
 pytestmark = pytest.mark.timeout(120)
 MiB = 2**20

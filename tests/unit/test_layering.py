@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from ddpflow.workloads.vision.training import make_optimizer
-from tests.integration.conftest import REPO
+from tests.helpers.paths import CHECKOUT
 
 SECRET_KEYS = re.compile(r"(secret|password|token|access_key|auth)", re.IGNORECASE)
 SECRET_VALUES = re.compile(r"(AKIA[0-9A-Z]{12,}|://[^/\s:@]+:[^/\s@]+@)")
@@ -26,7 +26,7 @@ def _walk(value: object, path: str = "") -> list[tuple[str, object]]:
 def test_the_deployment_file_holds_no_secret():
     # docs/deployments.md: no secret is in deployments/prefect.yaml; the worker's own
     # environment supplies tracking URI, artifact root and AWS settings.
-    spec = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())
+    spec = yaml.safe_load((CHECKOUT / "deployments" / "prefect.yaml").read_text())
     leaves = _walk(spec)
     assert len(leaves) > 10, "the file was parsed"
     keyed = [path for path, _ in leaves if SECRET_KEYS.search(path.rsplit(".", 1)[-1])]
@@ -56,8 +56,8 @@ def test_tasks_take_their_settings_from_the_flow():
     """ddpflow.config reads the environment once, in the flow; the tasks get what they need
     (LaunchSettings, SweepSetup.rank_resources) passed down and never read it again."""
     readers = [
-        str(path.relative_to(REPO))
-        for path in sorted((REPO / "tasks").glob("*.py"))
+        str(path.relative_to(CHECKOUT))
+        for path in sorted((CHECKOUT / "tasks").glob("*.py"))
         if "from_env(" in path.read_text() or "os.environ" in path.read_text()
     ]
     assert readers == []

@@ -23,7 +23,7 @@ from ddpflow.workloads.vision.pretrained import (
     hub_cache_path,
     load_hub_weights,
 )
-from tests.within import outcome_within, raises_within
+from tests.helpers.within import outcome_within, raises_within
 
 pytestmark = pytest.mark.timeout(60)
 STATE = {"w": torch.arange(4.0), "b": torch.ones(2)}

@@ -11,7 +11,7 @@ from ddpflow.shards.index import read_index
 from ddpflow.workloads.vision.data import ImageSpec, open_split
 from ddpflow.workloads.vision.image_folder import DatasetError
 from ddpflow.workloads.vision.shard_format import format_shards, plan_shards, reusable
-from tests.pngs import png
+from tests.helpers.pngs import png
 
 SPEC = ImageSpec(8)
 RECORD_MB = 3 * 8 * 8 / 2**20

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.integration import slurm_cluster
+from tests.helpers import slurm_cluster
 
 
 def test_without_slurm_and_root_it_skips_outside_ci_and_fails_on_ci(monkeypatch):

@@ -125,7 +125,7 @@ def test_exactly_one_non_empty_source_of_trials(grid, trials) -> None:
 
 
 def test_fault_injection_is_not_a_trial_field() -> None:
-    """Crashing a trial on purpose is the tests' business (tests/integration/trial_faults.py),
+    """Crashing a trial on purpose is the tests' business (tests/helpers/trial_faults.py),
     not something a user can set in a trial."""
     spec = validate_trial(0, {**DEFAULTS, "epochs": 3, "fail_after_epochs": 1})
     assert spec.config is None

@@ -14,7 +14,7 @@ from torchvision.datasets import ImageFolder
 from ddpflow.workloads.vision.data import ImageSpec, format_image_folder, load_split
 from ddpflow.workloads.vision.digits import MARKER, digits_pngs, ensure_digits
 from ddpflow.workloads.vision.image_folder import DatasetError, list_image_folder
-from tests.pngs import png
+from tests.helpers.pngs import png
 
 
 def make_folder(root: Path, files: dict[str, bytes]) -> Path:

@@ -12,7 +12,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from ddpflow.workloads.vision.data import ImageSpec, format_image_folder
 from ddpflow.workloads.vision.image_folder import DatasetError, list_image_folder
 from ddpflow.workloads.vision.objects import ImageReadError
-from tests.pngs import png
+from tests.helpers.pngs import png
 
 
 def two_classes(root: Path, per_class: int = 4) -> Path:

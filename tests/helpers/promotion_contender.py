@@ -2,7 +2,7 @@
 model's promotion limit (`promotion_lock`, the flows' own) on the Prefect server in
 PREFECT_API_URL, each a promotion's locked part reduced to its timing.
 
-    python -m tests.integration.promotion_contender MODEL ROUNDS EVENTS GO WORK_S
+    python -m tests.helpers.promotion_contender MODEL ROUNDS EVENTS GO WORK_S
 
 It writes "ready" once imported, waits for the file GO, then per round: takes the limit,
 "decides" for WORK_S (where the test freezes it), checks its lease (`ensure_held`, as the

@@ -1,5 +1,5 @@
 """A user's flow whose training loses a worker mid-run, for the run_in_flow restart test:
-`python -m tests.integration.api_flows`. Rank 1 reports its pid after checkpoint 2 and the
+`python -m tests.helpers.api_flows`. Rank 1 reports its pid after checkpoint 2 and the
 flow's own on_progress SIGKILLs it (see api_train_functions)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import os
 from prefect import flow
 
 import ddpflow
-from tests.integration.api_train_functions import KillReportedPid, digits_killed_after_checkpoint
+from tests.helpers.api_train_functions import KillReportedPid, digits_killed_after_checkpoint
 
 
 @flow(name="digits-killed", task_runner=ddpflow.dask_task_runner())

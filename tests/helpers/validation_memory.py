@@ -1,5 +1,5 @@
 """One streamed image rank's validation, in a process of its own, for
-test_validation_memory.py: `python -m tests.integration.validation_memory INDEX_URI
+test_validation_memory.py: `python -m tests.helpers.validation_memory INDEX_URI
 BATCH_SIZE NUM_CLASSES` prints, as JSON, the process's peak RSS (KiB, the kernel's high-water
 mark) before and after ddpflow's image validation (evaluate_split) of that split.
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from infra.netns_cluster import BUCKET, NetnsCluster, netns_cluster
-from tests.integration.s3_servers import ACCESS_KEY, SECRET_KEY
+from tests.helpers.s3_servers import ACCESS_KEY, SECRET_KEY
 
 __all__ = ["BUCKET", "MultiHost", "loopback_forwarder", "multihost_cluster"]
 

@@ -19,7 +19,7 @@ from ddpflow.shards.shard_file import write_shard
 from ddpflow.shards.stream import ShardStream
 from ddpflow.training.batching import epoch_batches
 from ddpflow.workloads.vision.augment import AugmentedSamples
-from tests.integration.grow_functions import Recorded, recording_context
+from tests.helpers.grow_functions import Recorded, recording_context
 
 CLASSES = 4
 SIDE = 16

@@ -24,8 +24,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.integration.as_stranger import STRANGER_UID
-from tests.integration.as_stranger import require_stranger as require_setpriv
+from tests.helpers.as_stranger import STRANGER_UID
+from tests.helpers.as_stranger import require_stranger as require_setpriv
 
 SYSTEM_PYTHON = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
 # Prints "refused: ..." when no connection to the scheduler came about, else what it ran.
