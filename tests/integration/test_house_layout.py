@@ -210,7 +210,7 @@ def test_the_wheel_without_extras_trains_on_dask_without_prefect_or_plots(
 
         run_folder = tmp_path / "run"
         run_folder.mkdir()
-        shutil.copy2(Path(__file__).with_name("wheel_venv_training.py"), run_folder)
+        shutil.copy2(Path(__file__).parents[1] / "helpers" / "wheel_venv_training.py", run_folder)
         found = json.loads(
             in_venv(python, "import wheel_venv_training as t; t.probe()", run_folder, 120)
         )

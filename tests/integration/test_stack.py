@@ -33,7 +33,7 @@ from tests.helpers.s3_servers import s3_client
 pytestmark = pytest.mark.integration
 
 NUM_WORKERS = 2
-PROBE = Path(__file__).with_name("stranger_probe.py")
+PROBE = Path(__file__).parents[1] / "helpers" / "stranger_probe.py"
 
 
 def stack_processes(state: StackState) -> dict[int, float]:

@@ -18,7 +18,7 @@ from tests.conftest import group_of
 pytestmark = pytest.mark.integration
 
 CONFTEST = Path(__file__).parents[1] / "conftest.py"
-SESSION_FOLDER = Path(__file__).with_name("session_folder.py")
+SESSION_FOLDER = Path(__file__).parents[1] / "helpers" / "session_folder.py"
 
 
 def test_modules_outside_the_unit_tier_are_groups_and_unit_tests_are_not():
@@ -44,6 +44,10 @@ def test_each_module_and_shared_fixture_is_built_once_over_two_processes(tmp_pat
     integration = tmp_path / "tests" / "integration"
     integration.mkdir(parents=True)
     (tmp_path / "tests" / "conftest.py").write_text(CONFTEST.read_text())
+    helpers = tmp_path / "tests" / "helpers"  # the conftest's CHECKOUT: here, tmp_path
+    helpers.mkdir()
+    for name in ("__init__.py", "paths.py"):
+        (helpers / name).write_text((SESSION_FOLDER.parent / name).read_text())
     log = tmp_path / "setups.log"
     log.touch()  # there before the run: what a run adds at the top fails it (tests/conftest.py)
     (integration / "conftest.py").write_text(
