@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -22,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 TIMEOUT_S = 540
 QUICK_NAMES = 10_000  # about 60 steps of 2 x 512: three 20-step windows
+FLOW_COMMAND = (sys.executable, "-m", "flows.train_charlm")
 
 
 def _run(cmd: list[str], cwd: Path, env: dict[str, str], log: Path) -> tuple[float, float]:
@@ -85,12 +87,15 @@ def run_flow(
     extra_env: dict[str, str] | None = None,
     tag: str = "flow",
     world_size: int = WORLD_SIZE,
+    launcher: Sequence[str] = FLOW_COMMAND,
 ) -> tuple[Timeline, dict[str, float]]:
     """The flow's timeline and the launch-relative time of each stage it logged (the newest
     run of the project: a project may be run more than once). `extra_env` may point the
-    flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there."""
+    flow at an MLflow server (MLFLOW_TRACKING_URI); its metrics are read from there.
+    `launcher` is the command the flow's arguments follow (bench.startup_pieces runs the
+    flow through bench.startup_off)."""
     project.mkdir(exist_ok=True)
-    cmd = [sys.executable, "-m", "flows.train_charlm", "--epochs", "1", "--source", source]
+    cmd = [*launcher, "--epochs", "1", "--source", source]
     cmd += ["--batch-size", str(BATCH_SIZE), "--num-names", "1", "--world-size", str(world_size)]
     log = project / f"{tag}.log"
     env = {**_project_env(project, world_size), **(extra_env or {})}

@@ -25,10 +25,8 @@ runs on Prefect's own temporary server, as any Prefect flow does.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -36,7 +34,6 @@ from pathlib import Path
 
 from ddpflow.integrations.prefect.server import server_env, start_server, stop_server
 
-_PR_SET_PDEATHSIG = 1
 # The embedded API's URL, for the flow's worker processes (which inherit it): theirs is
 # PREFECT_API_URL too, but it is no server shared with other flows (promotion_limit).
 EMBEDDED_API_ENV = "DDPFLOW_EMBEDDED_PREFECT_API_URL"
@@ -66,13 +63,6 @@ def start_services(args: list[str] | None = None, environ: Mapping[str, str] = o
         early_cluster.start_early(url)
 
 
-def _die_with_parent() -> None:
-    """In the server process: SIGTERM it when the flow process dies, even by SIGKILL,
-    so no server outlives its flow (the stop at exit runs only at an orderly exit)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def start_early() -> None:
     """Spawn the server process now (no waiting) and make its URL this process's API.
 
@@ -86,8 +76,8 @@ def start_early() -> None:
     from ddpflow.integrations.prefect import db_template
 
     _seeded = db_template.seed()
-    preexec = _die_with_parent if sys.platform == "linux" else None
-    _started = start_server(server_env(), preexec)
+    # With a lifeline: no server outlives its flow, also one killed without an orderly exit.
+    _started = start_server(server_env(), die_with_this_process=True)
     atexit.register(_stop)
     os.environ["PREFECT_API_URL"] = os.environ[EMBEDDED_API_ENV] = f"{_address(_started[0])}/api"
     # No "View at <UI>" links: the server serves no UI and is gone once the flow ends.

@@ -13,15 +13,34 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 # uvicorn's own backlog for the sockets it binds.
 SOCKET_BACKLOG = 2048
 
 
+# The write ends of the servers' lifelines (start_server), open until this process ends.
+_LIFELINES: list[int] = []
+
+# A server with a lifeline: uvicorn as `python -m uvicorn` runs it, and a thread that reads
+# the lifeline, which nothing writes to, so the read returns only once every write end is
+# closed: the process that started the server has ended, however it ended (SIGKILL, the OOM
+# killer). The thread then sends the server SIGTERM, the signal of an orderly stop
+# (stop_server); before uvicorn handles it, SIGTERM ends the process outright.
+WITH_LIFELINE = """\
+import os, runpy, signal, sys, threading
+lifeline = int(sys.argv.pop(1))
+def watch():
+    os.read(lifeline, 1)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=watch, name="lifeline", daemon=True).start()
+runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)
+"""
+
+
 def start_server(
-    env: Mapping[str, str], preexec_fn: Callable[[], None] | None = None
+    env: Mapping[str, str], die_with_this_process: bool = False
 ) -> tuple[int, subprocess.Popen[bytes]]:
     """Prefect's temporary server in a process of its own: its port and the process.
 
@@ -30,25 +49,41 @@ def start_server(
     that window any bind to port 0 on the machine may be handed the same port (the flow's
     own LocalCluster starts in it), and the server then exits at start (code 3) while its
     health check talks to the other listener.
+
+    With `die_with_this_process` the server also gets a lifeline: the read end of a pipe
+    whose only write end this process keeps (not inherited by the processes it starts), so
+    the server stops when this process ends, also without an orderly stop (WITH_LIFELINE).
     """
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen(SOCKET_BACKLOG)
-        process = subprocess.Popen(  # noqa: PLW1509 - preexec_fn only sets a death signal
-            server_command(sock.fileno()),
-            env=dict(env),
-            pass_fds=(sock.fileno(),),
-            preexec_fn=preexec_fn,
-        )
+        lifeline = None
+        if die_with_this_process:
+            lifeline, write_end = os.pipe()
+            _LIFELINES.append(write_end)
+        try:
+            process = subprocess.Popen(
+                server_command(sock.fileno(), lifeline),
+                env=dict(env),
+                pass_fds=(sock.fileno(),) if lifeline is None else (sock.fileno(), lifeline),
+            )
+        finally:
+            if lifeline is not None:
+                os.close(lifeline)  # the server's copy is the only read end
         return sock.getsockname()[1], process  # the server's copy stays open
 
 
-def server_command(fd: int) -> list[str]:
-    """The command Prefect runs for its temporary server, on the listening socket `fd`."""
+def server_command(fd: int, lifeline: int | None = None) -> list[str]:
+    """The command Prefect runs for its temporary server, on the listening socket `fd`; with
+    the read end of a `lifeline`, the server ends when that pipe closes (WITH_LIFELINE)."""
     spec = importlib.util.find_spec("prefect")
     if spec is None or spec.origin is None:
         raise RuntimeError("Prefect is not installed")
-    command = [sys.executable, "-m", "uvicorn", "--app-dir", str(Path(spec.origin).parents[1])]
+    if lifeline is None:
+        command = [sys.executable, "-m", "uvicorn"]
+    else:
+        command = [sys.executable, "-c", WITH_LIFELINE, str(lifeline)]
+    command += ["--app-dir", str(Path(spec.origin).parents[1])]
     command += ["--factory", "prefect.server.api.server:create_app", "--fd", str(fd)]
     return command + ["--log-level", "error", "--lifespan", "on"]
 
