@@ -76,6 +76,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 SHARED_GROUPS = {
     "test_slurm": "slurm",
     "test_cluster_backends": "slurm",
+    # The session's local stack (integration conftest's local_stack), started once for them.
+    "test_deployments": "stack",
+    "test_stack": "stack",
+    "test_stack_uis": "stack",
 }
 # Longest groups first (seconds measured in a full run on 2 cores): a process that picks a
 # 15-minute group last would leave the other idle for its whole length. The compose stack
@@ -85,8 +89,8 @@ SHARED_GROUPS = {
 HEAVY_FIRST = [
     "test_fault_tolerance",  # ~460-590 s; it and multi-host start together, one computes
     "test_multihost",  # ~450-490 s; the shared reference while the other waits for it
-    "test_deployments",  # ~230 s
-    "test_stack_uis",  # ~150-240 s: the stack's start (90-130 s), a training, 4 browser pages
+    # ~500 s: the stack's start (90-130 s), deployments, its checks, a training, 4 browser pages
+    "stack",
     "test_outages",  # ~270 s, two minutes of it waiting out the outages (little CPU)
     "test_sweep_flow",
     "test_train_charlm_flow",
@@ -119,11 +123,13 @@ def group_of(nodeid: str) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put the heaviest groups first; the order within a group is kept."""
+    """Put the heaviest groups first; the order within a group is kept, but for the test
+    that stops the shared local stack, which goes last."""
 
-    def rank(item: pytest.Item) -> int:
+    def rank(item: pytest.Item) -> tuple[int, bool]:
         group = group_of(item.nodeid)
-        return HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
+        heavy = HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
+        return heavy, item.get_closest_marker("stops_local_stack") is not None
 
     items.sort(key=rank)  # stable
 

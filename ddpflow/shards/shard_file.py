@@ -30,6 +30,9 @@ from ddpflow.storage.retry import OutageTooLong, retry_for
 
 SUFFIX = ".shard"
 LABEL_BYTES = 8
+# Memory a shard is read into: 1-D uint8, made with np.empty, so that its pages become
+# memory as bytes are written into them, not when it is made.
+Buffer = np.ndarray
 
 
 class ShardError(RuntimeError):
@@ -114,7 +117,7 @@ def read_shard(
     record_shape: tuple[int, ...],
     bound_s: float = DEFAULT_READ_BOUND_S,
     on_wait: Callable[[], None] | None = None,
-    buffer: bytearray | Callable[[int], bytearray] | None = None,
+    buffer: Buffer | Callable[[int], Buffer] | None = None,
     labeled: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Read and check one shard, retrying a store that does not answer for `bound_s`.
@@ -155,7 +158,7 @@ def read_shard(
 
 
 def _read_local(
-    path: str, info: ShardInfo, shown: str, buffer: bytearray | Callable[[int], bytearray] | None
+    path: str, info: ShardInfo, shown: str, buffer: Buffer | Callable[[int], Buffer] | None
 ) -> bytes | memoryview:
     """The local shard's bytes, into `buffer` when given; a shard that is not a regular
     file of the listed size is refused before a byte is read."""
@@ -170,7 +173,7 @@ def _read_local(
     if callable(buffer):  # sized now that the file is known to hold what the index lists
         buffer = buffer(info.nbytes)
     target = buffer if buffer is not None and len(buffer) >= info.nbytes else None
-    view = memoryview(target if target is not None else bytearray(info.nbytes))[: info.nbytes]
+    view = (target if target is not None else np.empty(info.nbytes, np.uint8)).data[: info.nbytes]
     with open(path, "rb") as file:
         got = file.readinto(view)
     if got != info.nbytes:

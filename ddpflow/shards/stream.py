@@ -2,10 +2,13 @@
 
 fit() draws the epoch's order from `epoch_order` (ddpflow.shards.order: windows of shards),
 tells the stream the rank's batches with `start_epoch`, then asks for them one by one. From
-those batches the stream knows which shards each needs and when each is needed last; a
-thread reads them in the order of first need, at most `prefetch` shards ahead of the ones
-in use, and a shard is dropped after the last batch that needs it. A rank thus holds the
-shards its current batches span plus `prefetch` more, whatever the size of the dataset.
+those batches the stream knows which shards each needs and when each is needed last, and
+reads them in the order of first need; a shard is dropped after the last batch that needs
+it. Local shards are read whole by a thread, at most `prefetch` shards ahead of the ones in
+use; shards in an object store as ranged GETs, `requests_in_flight` at once, at most
+`max_bytes_in_flight` bytes out or arrived ahead of the ones in use
+(ddpflow.shards.parallel_reads). A rank thus holds the shards its current batches span plus
+a bounded read-ahead, whatever the size of the dataset.
 
 Any other access (validation reads its part in index order) goes through a small
 least-recently-used set of shards, read when asked.
@@ -18,6 +21,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,13 +30,17 @@ from fsspec.implementations.local import LocalFileSystem
 from ddpflow import storage
 from ddpflow.shards.index import ShardIndex, check_stored_sizes
 from ddpflow.shards.order import window_order
+from ddpflow.shards.parallel_reads import ParallelReads
 from ddpflow.shards.settings import (
+    DEFAULT_CHUNK_BYTES,
+    DEFAULT_MAX_BYTES_IN_FLIGHT,
     DEFAULT_PREFETCH,
     DEFAULT_READ_BOUND_S,
+    DEFAULT_REQUESTS_IN_FLIGHT,
     DEFAULT_WINDOW,
     StreamSettings,
 )
-from ddpflow.shards.shard_file import read_shard
+from ddpflow.shards.shard_file import Buffer, read_shard
 from ddpflow.training.samples import Batch, ToBatch
 
 log = logging.getLogger(__name__)
@@ -46,11 +54,12 @@ WAIT_BEAT_S = 2.0
 
 @dataclass(frozen=True)
 class _Held:
-    """A shard in memory: views of its bytes, and the buffer they are in (local shards)."""
+    """A shard in memory: views of its bytes, and the buffer they are in (reused once the
+    shard is dropped; None: bytes of their own)."""
 
     records: np.ndarray
     labels: np.ndarray | None  # None: an index of records alone
-    buffer: bytearray | None
+    buffer: Buffer | None
 
 
 class ShardStream:
@@ -64,8 +73,13 @@ class ShardStream:
         on_wait: Callable[[], None] | None = None,
         read_bound_s: float = DEFAULT_READ_BOUND_S,
         to_batch: ToBatch | None = None,
+        requests_in_flight: int = DEFAULT_REQUESTS_IN_FLIGHT,
+        max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     ) -> None:
-        StreamSettings(window, prefetch, read_bound_s)  # checks them
+        StreamSettings(  # checks them
+            window, prefetch, read_bound_s, requests_in_flight, max_bytes_in_flight, chunk_bytes
+        )
         if not index.labeled and to_batch is None:
             raise ValueError(
                 "the index lists records without labels: pass to_batch, which makes a batch "
@@ -91,11 +105,26 @@ class ShardStream:
         self._pos = 0
         self._epoch_run = 0  # bumped by each start_epoch: an older reader thread stops
         self._unplanned: OrderedDict[int, _Held] = OrderedDict()
-        # Buffers of dropped local shards: the next read goes into one large enough
-        # (shard_file.read_shard), so memory is what is held.
-        self._spare: list[bytearray] = []
+        # Buffers of dropped shards: the next read goes into one large enough
+        # (shard_file.read_shard, parallel_reads), so memory is what is held.
+        self._spare: list[Buffer] = []
         self._retired: list[_Held] = []  # dropped during a batch, released after it
         self._local = isinstance(storage.url_to_fs(index.folder)[0], LocalFileSystem)
+        # An object store's planned shards come as ranges, several at once (one GET runs
+        # at one connection's rate); local ones whole, by one thread, one readinto each
+        # into a reused buffer (docs/data.md: 1.4x the in-memory split already).
+        self.ranges = (
+            None
+            if self._local
+            else ParallelReads(
+                index,
+                requests_in_flight,
+                max_bytes_in_flight,
+                chunk_bytes,
+                read_bound_s,
+                self._changed,
+            )
+        )
         self.peak_shards = 0  # the most shards held at once (the memory bound, measured)
 
     def __len__(self) -> int:
@@ -113,12 +142,12 @@ class ShardStream:
         plan = [tuple(np.unique(self.shards_of(b)).tolist()) for b in batches]
         last_use = {s: i for i, needed in enumerate(plan) for s in needed}
         first_need: list[int] = []
-        seen: set[int] = set()
+        first_batch: dict[int, int] = {}
         live, max_live = 0, 0
         for i, needed in enumerate(plan):
             for s in needed:
-                if s not in seen:
-                    seen.add(s)
+                if s not in first_batch:
+                    first_batch[s] = i
                     first_need.append(s)
                     live += 1
             max_live = max(max_live, live)
@@ -136,21 +165,55 @@ class ShardStream:
             )
         with self._changed:
             self._epoch_run += 1
+            run = self._epoch_run
             self._drop_all_planned()
             self._errors.clear()
             self._plan, self._last_use, self._pos = plan, last_use, 0
             self._batches = list(batches)
+            if self.ranges is not None:
+                self.ranges.forget_epoch()
             self._changed.notify_all()
-        # Loaded in first-need order, a shard a batch waits for always comes before any
-        # shard read ahead, so `max_live + prefetch` can never block the reader on it.
-        capacity = max_live + self.prefetch
-        thread = threading.Thread(
-            target=self._read_ahead,
-            args=(self._epoch_run, first_need, capacity),
-            name=f"ddpflow-shards-epoch-{epoch}",
-            daemon=True,
-        )
+        reader: Callable[[], None]
+        if self.ranges is not None:
+            reader = partial(self.ranges.read_epoch, self, run, first_need, first_batch)
+        else:
+            # Loaded in first-need order, a shard a batch waits for always comes before any
+            # shard read ahead, so `max_live + prefetch` can never block the reader on it.
+            reader = partial(self._read_ahead, run, first_need, max_live + self.prefetch)
+        thread = threading.Thread(target=reader, name=f"ddpflow-shards-epoch-{epoch}", daemon=True)
         thread.start()
+
+    # The parallel reader's side (parallel_reads.EpochSink), called under self._changed.
+
+    def is_current(self, run: int) -> bool:
+        return self._epoch_run == run
+
+    def batch_in_use(self) -> int:
+        return self._pos
+
+    def last_batch_of(self, shard: int) -> int:
+        return self._last_use[shard]
+
+    def deliver(
+        self,
+        run: int,
+        shard: int,
+        records: np.ndarray,
+        labels: np.ndarray | None,
+        buffer: Buffer,
+    ) -> None:
+        held = _Held(records, labels, buffer)
+        if self._epoch_run != run or self._last_use[shard] < self._pos:
+            self._release(held)  # the epoch was replaced, or its batches skipped
+            return
+        self._cache[shard] = held
+        self.peak_shards = max(self.peak_shards, len(self._cache) + len(self._unplanned))
+        self._changed.notify_all()
+
+    def fail(self, run: int, shard: int, error: BaseException) -> None:
+        if self._epoch_run == run:
+            self._errors[shard] = error
+            self._changed.notify_all()
 
     def _read_ahead(self, run: int, order: list[int], capacity: int) -> None:
         for s in order:
@@ -182,10 +245,10 @@ class ShardStream:
     def _read(self, s: int) -> _Held:
         shard = self.index.shards[s]
         uri = self.index.uri(shard)
-        handed: list[bytearray] = []
+        handed: list[Buffer] = []
 
-        def buffer_of(nbytes: int) -> bytearray:
-            handed.append(self._take_buffer(nbytes))
+        def buffer_of(nbytes: int) -> Buffer:
+            handed.append(self.take_buffer(nbytes))
             return handed[-1]
 
         records, labels = read_shard(
@@ -198,14 +261,16 @@ class ShardStream:
         )
         return _Held(records, labels, handed[0] if handed else None)
 
-    def _take_buffer(self, nbytes: int) -> bytearray:
+    def take_buffer(self, nbytes: int) -> Buffer:
         """A spare buffer of at least nbytes, else a new one of nbytes (called once the
-        shard's file is known to be that large, never on the index's word alone)."""
+        shard's file is known to be that large, or its size checked at the start: never on
+        the index's word alone). A new one is not touched until bytes are read into it, so
+        its pages become memory as they arrive."""
         with self._changed:
             for i, spare in enumerate(self._spare):
                 if len(spare) >= nbytes:
                     return self._spare.pop(i)
-        return bytearray(nbytes)
+        return np.empty(nbytes, np.uint8)
 
     def _release(self, held: _Held | None) -> None:
         """Drop a shard; its buffer, if any, serves the next read. (The caller holds the
@@ -295,6 +360,8 @@ class ShardStream:
         """Stop reading ahead and drop every shard held."""
         with self._changed:
             self._epoch_run += 1
+            if self.ranges is not None:
+                self.ranges.close()
             self._drop_all_planned()
             self._plan, self._batches = [], []
             self._unplanned.clear()

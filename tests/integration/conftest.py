@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from ddpflow.cluster.build import local_cluster
+from infra import stack
+from infra.state import StackState
 from tests.helpers.charlm_runs import TINY, final_weights
 from tests.helpers.in_process import dotted_config
 from tests.helpers.prefect_harness import api_of_this_process, prefect_server
@@ -86,6 +88,21 @@ def s3_endpoint(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[st
     buckets = (request.module.BUCKET,) if hasattr(request.module, "BUCKET") else ()
     with seaweedfs_server(tmp_path_factory.mktemp("seaweedfs"), buckets) as endpoint:
         yield endpoint
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory) -> Iterator[StackState]:
+    """The local stack (`stack up --free-ports`, 2 Dask workers), one for the session: the
+    deployments, the stack's own checks and its UIs in a browser share it (one group in
+    tests/conftest.py), as a user's stack serves every command. Starting it is a minute or
+    two of CPU on 2 cores. The test that stops it runs last in its group
+    (`stops_local_stack`); the stop here is then a no-op."""
+    stack_dir = tmp_path_factory.mktemp("stack")
+    state = stack.start_stack(stack_dir, num_workers=2, free_ports=True)
+    try:
+        yield state
+    finally:
+        stack.stop_stack(stack_dir)
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-import infra.stack
-from infra.state import BUCKET
+from infra.state import BUCKET, StackState
 from tests.helpers.charlm_runs import SMALL_SOURCE
 from tests.helpers.prefect_api import (
     FINAL_STATES,
@@ -38,20 +37,14 @@ RETRAIN = "retrain-charlm/charlm-retrain-nightly"
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[dict[str, str]]:
-    """The stack, its S3 a SeaweedFS server with keys made at `up` (searched for in what
-    Prefect and MLflow recorded)."""
-    stack_dir = tmp_path_factory.mktemp("stack")
-    patch = pytest.MonkeyPatch()
-    try:
-        state = infra.stack.start_stack(stack_dir, num_workers=2, free_ports=True)
+def stack(local_stack: StackState) -> Iterator[dict[str, str]]:
+    """The session's stack, its S3 a SeaweedFS server with keys made at `up` (searched for
+    in what Prefect and MLflow recorded)."""
+    with pytest.MonkeyPatch.context() as patch:
         # This process's MlflowClient logs in to the stack's MLflow like every other client.
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-            patch.setenv(key, state.env[key])
-        yield state.env
-    finally:
-        infra.stack.stop_stack(stack_dir)
-        patch.undo()
+            patch.setenv(key, local_stack.env[key])
+        yield local_stack.env
 
 
 def prefect(env: dict[str, str], *args: str, timeout_s: float = 400) -> str:

@@ -10,7 +10,6 @@ import socket
 import ssl
 import stat
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from tests.helpers.s3_servers import s3_client
 
 pytestmark = pytest.mark.integration
 
-NUM_WORKERS = 2
+NUM_WORKERS = 2  # the session's local_stack (tests/integration/conftest.py)
 PROBE = Path(__file__).parents[1] / "helpers" / "stranger_probe.py"
 
 
@@ -73,13 +72,9 @@ def port_listened(port: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def stack_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackState]:
-    stack_dir = tmp_path_factory.mktemp("stack")
-    state = stack.start_stack(stack_dir, num_workers=NUM_WORKERS, free_ports=True)
-    try:
-        yield state
-    finally:
-        stack.stop_stack(stack_dir)  # no-op if the last test already stopped it
+def stack_state(local_stack: StackState) -> StackState:
+    """The session's stack (the deployments' tests used it before these run)."""
+    return local_stack
 
 
 @pytest.mark.timeout(240)
@@ -204,6 +199,14 @@ def test_every_server_refuses_clients_without_credentials(
     # which reaches the stack's bucket only.
     endpoint = env["AWS_ENDPOINT_URL_S3"]
     object_url = f"{endpoint}/{BUCKET}/artifacts/unsigned.json"
+    own = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
+
+    def stored() -> list[str]:  # the session's stack also holds the deployments' runs
+        listed = own.list_objects_v2(Bucket=BUCKET, Prefix="artifacts/").get("Contents", [])
+        return sorted(o["Key"] for o in listed)
+
+    before = stored()
+    assert "artifacts/unsigned.json" not in before and "artifacts/x" not in before
     assert httpx.put(object_url, content=b"{}", trust_env=False).status_code == 403
     for key_id, secret, refusal in [
         ("testing", "testing", "InvalidAccessKeyId"),  # the keys moto took from anyone
@@ -211,9 +214,7 @@ def test_every_server_refuses_clients_without_credentials(
     ]:
         with pytest.raises(botocore.exceptions.ClientError, match=refusal):
             _s3(env, key_id, secret).put_object(Bucket=BUCKET, Key="artifacts/x", Body=b"x")
-    own = _s3(env, env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"])
-    stored = own.list_objects_v2(Bucket=BUCKET, Prefix="artifacts/").get("Contents", [])
-    assert [o["Key"] for o in stored] == [], "a refused request wrote an object"
+    assert stored() == before, "a refused request wrote an object"
     own.put_object(Bucket=BUCKET, Key="artifacts/x", Body=b"x")  # the key works on its bucket
     with pytest.raises(botocore.exceptions.ClientError, match="AccessDenied"):
         own.create_bucket(Bucket="another-bucket")
@@ -353,6 +354,7 @@ def test_credential_files_are_private(stack_state: StackState) -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.stops_local_stack
 def test_stop_leaves_no_process_or_port_behind(stack_state: StackState):
     procs = stack_processes(stack_state)
     # Leaders, mlflow's uvicorn, 2 nannies' worker processes at least.

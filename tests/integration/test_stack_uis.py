@@ -1,6 +1,7 @@
 """The local stack's Prefect and MLflow UIs in headless Chromium, opened as a user opens them.
 
-`start_stack(free_ports=True)` (`make stack-up ARGS="--free-ports"`), one 1-epoch pet-name
+The session's stack (`start_stack(free_ports=True)`, `make stack-up ARGS="--free-ports"`;
+tests/integration/conftest.py's local_stack), one 1-epoch pet-name
 training against it (`python -m flows.train_charlm` with the stack's env.sh, as a user runs
 it), then the browser: the URLs and the login that `up` prints (the docs say the same), the
 Prefect UI's flow-run page and the MLflow run page with the run's name and metrics, not a
@@ -8,13 +9,12 @@ login, 404 or "Can't connect" page. Chromium is driven over the DevTools protoco
 (tests/helpers/browser.py): MLflow's basic auth is answered as a user answers the
 browser's dialog, and the Prefect UI's login form is typed into.
 
-The stack (~75-150 s on 2 shared cores) and the training are made once for the module.
+The training is made once for the module.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,8 @@ from tests.helpers.projects import run_flow, tiny_charlm
 
 pytestmark = [pytest.mark.integration, pytest.mark.browser]
 
-EXPERIMENT = "ddpflow-charlm"
+EXPERIMENT = "stack-uis"
+MODEL = "stack-uis-model"
 # What the UIs show instead of a page: Prefect's toasts, login errors and 404 (a UI that calls
 # another port than its server's refuses the right auth string as "Invalid credentials"),
 # MLflow's basic-auth refusal.
@@ -58,24 +59,21 @@ class StackRun:
 
 
 @pytest.fixture(scope="module")
-def stack_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackRun]:
-    chromium()  # skip (or fail on CI) before the stack costs a minute or two
-    stack_dir = tmp_path_factory.mktemp("stack")
-    try:
-        # One Dask worker: the training is only what the pages show.
-        state = stack.start_stack(stack_dir, num_workers=1, free_ports=True)
-        project = tmp_path_factory.mktemp("project")
-        done = run_flow("train_charlm", tiny_charlm(1), project, timeout_s=400, env=state.env)
-        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-        with pytest.MonkeyPatch.context() as patch:
-            for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
-                patch.setenv(key, state.env[key])
-            client = MlflowClient(state.env["MLFLOW_TRACKING_URI"])
-            experiment = client.get_experiment_by_name(EXPERIMENT)
-            (run,) = client.search_runs([experiment.experiment_id])
-        yield StackRun(state, stack.summary(state), done.stdout + done.stderr, run)
-    finally:
-        stack.stop_stack(stack_dir)
+def stack_run(local_stack: StackState, tmp_path_factory: pytest.TempPathFactory) -> StackRun:
+    chromium()  # skip (or fail on CI) before the training costs a minute
+    state = local_stack
+    project = tmp_path_factory.mktemp("project")
+    # An experiment and a model of its own: the deployments' runs share the stack.
+    options = tiny_charlm(1, experiment=EXPERIMENT, model_name=MODEL)
+    done = run_flow("train_charlm", options, project, timeout_s=400, env=state.env)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    with pytest.MonkeyPatch.context() as patch:
+        for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+            patch.setenv(key, state.env[key])
+        client = MlflowClient(state.env["MLFLOW_TRACKING_URI"])
+        experiment = client.get_experiment_by_name(EXPERIMENT)
+        (run,) = client.search_runs([experiment.experiment_id])
+    return StackRun(state, stack.summary(state), done.stdout + done.stderr, run)
 
 
 @pytest.fixture

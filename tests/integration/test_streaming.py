@@ -10,6 +10,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import distributed
@@ -32,7 +33,8 @@ from ddpflow.workloads.vision.shard_format import (
 )
 from infra.services import stop
 from tests.helpers.grow_functions import samples_by_epoch
-from tests.helpers.s3_servers import start_test_seaweedfs, use_s3
+from tests.helpers.ranged_stream_functions import stream_fit_in_ranges
+from tests.helpers.s3_servers import s3_env, start_test_seaweedfs, use_s3
 from tests.helpers.stream_functions import stream_fit, stream_peak, write_split
 
 pytestmark = pytest.mark.integration
@@ -55,12 +57,37 @@ def split(tmp_path_factory) -> str:
     return uri
 
 
-def _train(client: distributed.Client, split: str, folder: Path, **kwargs) -> dict:  # noqa: ANN003
+@pytest.fixture(scope="module")
+def s3_ranks(tmp_path_factory) -> Iterator[tuple[distributed.Client, str]]:
+    """The split in a SeaweedFS server (its URI), and 2 worker processes whose S3 it is."""
+    service = start_test_seaweedfs(tmp_path_factory.mktemp("seaweedfs-resume"), ("resume",))
+    try:
+        uri = "s3://resume/data/train.shards.json"
+        with pytest.MonkeyPatch.context() as patch:
+            use_s3(patch, service.url)
+            write_split(uri, SAMPLES, 40)
+        with (
+            local_cluster(2, env=s3_env(service.url)) as dask_cluster,
+            distributed.Client(dask_cluster) as client,
+        ):
+            client.wait_for_workers(2, timeout=60)
+            yield client, uri
+    finally:
+        stop(service)
+
+
+def _train(
+    client: distributed.Client,
+    split: str,
+    folder: Path,
+    fit: Callable[..., dict] = stream_fit,
+    **kwargs,  # noqa: ANN003
+) -> dict:
     steps = folder / "steps"
     steps.mkdir(parents=True)
     return ddpflow.run(
         client,
-        stream_fit,
+        fit,
         split,
         str(steps),
         str(folder / "pause"),
@@ -78,9 +105,17 @@ def _steps_done(steps: Path) -> int:
 
 # docs/data.md "Exact resume": a SIGKILLed worker resumes the stream from the last step
 # checkpoint with the same samples, the same augmentation and the same dropout, so the
-# weights are bitwise those of the run that was never interrupted.
-def test_a_worker_killed_mid_epoch_resumes_the_stream_exactly(cluster, split, tmp_path):
-    straight = _train(cluster, split, tmp_path / "straight")
+# weights are bitwise those of the run that was never interrupted; from local shards, and
+# from S3 in parallel ranges (ddpflow.shards.parallel_reads).
+@pytest.mark.parametrize("store", ["local", "s3"])
+def test_a_worker_killed_mid_epoch_resumes_the_stream_exactly(request, store, tmp_path):
+    if store == "local":
+        cluster, split = request.getfixturevalue("cluster"), request.getfixturevalue("split")
+        fit = stream_fit
+    else:
+        cluster, split = request.getfixturevalue("s3_ranks")
+        fit = stream_fit_in_ranges
+    straight = _train(cluster, split, tmp_path / "straight", fit)
     interrupted = tmp_path / "killed"
     interrupted.mkdir()
     (interrupted / "pause").touch()  # slow steps, so the kill lands inside epoch 1
@@ -99,7 +134,7 @@ def test_a_worker_killed_mid_epoch_resumes_the_stream_exactly(cluster, split, tm
 
     killer = threading.Thread(target=kill_after_seven_steps)
     killer.start()
-    resumed = _train(cluster, split, interrupted, max_restarts=1, on_restart=restarted)
+    resumed = _train(cluster, split, interrupted, fit, max_restarts=1, on_restart=restarted)
     killer.join()
     assert len(restarts) == 1
     epochs = samples_by_epoch(str(interrupted / "steps"), SAMPLES)
@@ -158,7 +193,15 @@ def test_an_s3_outage_mid_epoch_fails_the_batch_naming_the_shard(tmp_path, monke
         use_s3(monkeypatch, service.url)
         uri = "s3://stream/data/train.shards.json"
         write_split(uri, 120, 20)
-        stream = ShardStream(read_index(uri), window=1, prefetch=0, read_bound_s=5)
+        # Ranges of 4 KiB, 8 KiB of them out or ahead at most (a shard is 15,520 bytes):
+        # the rest of the epoch is still to read when the server stops.
+        stream = ShardStream(
+            read_index(uri),
+            window=1,
+            read_bound_s=5,
+            chunk_bytes=4096,
+            max_bytes_in_flight=8192,
+        )
         batches = epoch_batches(len(stream), 10, 0, 1, 0, 0, order=stream.epoch_order)
         stream.start_epoch(0, batches)
         stream.batch(batches[0])
@@ -170,3 +213,4 @@ def test_an_s3_outage_mid_epoch_fails_the_batch_naming_the_shard(tmp_path, monke
             stream.batch(index)
     assert time.monotonic() - started < 60
     assert "could not be read" in str(error.value) and "store is unreachable" in str(error.value)
+    stream.close()  # the ranges still retrying stop at their next pause

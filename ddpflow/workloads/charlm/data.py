@@ -219,4 +219,7 @@ def open_windows(
         on_wait,
         stream.read_bound_s,
         to_batch=split_xy,
+        requests_in_flight=stream.requests_in_flight,
+        max_bytes_in_flight=stream.max_bytes_in_flight,
+        chunk_bytes=stream.chunk_bytes,
     )

@@ -240,5 +240,12 @@ def open_split(
 
     stream = stream or StreamSettings()
     return ShardStream(
-        read_index(uri), stream.window, stream.prefetch, on_wait, stream.read_bound_s
+        read_index(uri),
+        stream.window,
+        stream.prefetch,
+        on_wait,
+        stream.read_bound_s,
+        requests_in_flight=stream.requests_in_flight,
+        max_bytes_in_flight=stream.max_bytes_in_flight,
+        chunk_bytes=stream.chunk_bytes,
     )
