@@ -125,8 +125,8 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
         "max_restarts", "rank_timeout_s",
     ),
     "search": (
-        "grid", "trials", "search", "sampler", "n_trials", "pruner", "min_epochs", "eta",
-        "study_name",
+        "grid", "trials", "search", "sampler", "n_trials", "budget_epochs", "pruner",
+        "min_epochs", "eta", "study_name",
     ),
     "cluster": ("world_size", "min_workers", "max_workers", "ranks_per_trial", "world_sizes"),
     "tracking and registry": ("experiment", "model_name", "num_names", "margin", "promote"),

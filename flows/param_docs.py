@@ -13,7 +13,10 @@ from prefect import Flow
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(<!-- parameters: ([a-z-]+) -->\n).*?(<!-- end parameters -->)", re.DOTALL)
 BOUNDS = {"minimum": ">=", "exclusiveMinimum": ">", "maximum": "<=", "exclusiveMaximum": "<"}
-FLOWS = "train_charlm retrain_charlm sweep_charlm train_images scaling_charlm scaling_images"
+FLOWS = (
+    "train_charlm retrain_charlm sweep_charlm train_images sweep_images scaling_charlm "
+    "scaling_images"
+)
 
 
 def flows() -> dict[str, Flow]:

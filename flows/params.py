@@ -1,7 +1,7 @@
 """The flows' parameters: a pydantic model per flow, its one parameter (Prefect validates it; its
 schema is the deployment's form). A refusal names each field, its value (redacted) and why."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, model_validator
 from pydantic_core import PydanticCustomError
@@ -12,8 +12,14 @@ from ddpflow.distributed.supervisor.relaunch import check_world_bounds
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
 from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
-from ddpflow.workloads.sweep.config import MAX_TRIALS, SweepConfigError
-from ddpflow.workloads.sweep.space import parse_space
+from ddpflow.workloads.sweep.config import (
+    CHARLM_FIELDS,
+    IMAGE_FIELDS,
+    MAX_TRIALS,
+    SweepConfigError,
+    TrialFields,
+)
+from ddpflow.workloads.sweep.space import SearchSpace, epochs_range, grid_size, parse_space
 from ddpflow.workloads.vision.config import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE
 from ddpflow.workloads.vision.objects import MAX_IMAGE_MB
 
@@ -131,14 +137,29 @@ class CharLMScalingParams(_Training, _CharLM):  # scaling-charlm's: a training p
     experiment: t.Experiment = "ddpflow-charlm-scaling"
 
 
-class SweepParams(_CharLM):  # sweep-charlm's: its own and every trial's defaults
+DEFAULT_N_TRIALS = 20  # a search's trials when neither n_trials nor another budget is set
+
+
+class _Sweep(_Params):  # a sweep's own fields, whatever its workload: its trials, their search
+    trial_fields: ClassVar[TrialFields] = CHARLM_FIELDS  # what a trial may set
     grid: dict[str, Any] | None = Field(None, description="trial field -> list of values, crossed")
     trials: list[Any] | None = Field(None, description="list of {trial field: value}; or pass grid")
     search: dict[str, Any] | None = Field(
-        None, description='trial field -> {"low", "high"[, "log"]} or {"choices"}; sampled'
+        None, description='trial field -> {"low", "high"[, "log"|"step"]} or {"choices"}; sampled'
     )
-    sampler: Literal["tpe", "random"] = Field("tpe", description="search: Optuna sampler (seed)")
-    n_trials: int = Field(20, ge=1, le=MAX_TRIALS, description="search: trials to ask")
+    sampler: Literal["tpe", "random", "grid"] = Field(
+        "tpe", description="search: Optuna sampler (seed); grid: every point of a discrete space"
+    )
+    n_trials: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TRIALS,
+        description=f"search: trials to ask; unset: {DEFAULT_N_TRIALS}, every grid point "
+        f"(sampler grid) or up to {MAX_TRIALS} (budget_epochs set)",
+    )
+    budget_epochs: int | None = Field(
+        None, ge=1, description="search: no trial asked once this many trial-epochs are spent"
+    )
     pruner: Literal["asha", "hyperband", "none"] = Field(
         "asha", description="search: stops poor trials at rungs (epochs)"
     )
@@ -150,23 +171,67 @@ class SweepParams(_CharLM):  # sweep-charlm's: its own and every trial's default
         description="search: the study to create or resume; unset: a new one per flow run",
     )
     ranks_per_trial: int = Field(1, ge=1, description="DDP ranks (Dask workers) of each trial")
+
+    def space(self) -> SearchSpace:
+        """The search's space over the workload's trial fields (checked by _check)."""
+        return parse_space(self.search, self.trial_fields)
+
+    def trial_defaults(self) -> dict[str, Any]:
+        """What a trial leaves out: the sweep's fields of the same names."""
+        return {name: getattr(self, name) for name in self.trial_fields.names}
+
+    def trials_to_ask(self) -> int:
+        """The search's trial budget: n_trials, or what its unset value stands for."""
+        if self.n_trials is not None:
+            return self.n_trials
+        if self.sampler == "grid":
+            return grid_size(self.space())
+        return MAX_TRIALS if self.budget_epochs is not None else DEFAULT_N_TRIALS
+
+    def first_rung(self) -> int:
+        """The fewest trial-epochs one searched trial spends: its first rung with a pruner
+        (min_epochs), all its epochs without; never more than its fewest epochs."""
+        fewest = epochs_range(self.space(), self.epochs)[0]  # type: ignore[attr-defined]
+        return fewest if self.pruner == "none" else min(self.min_epochs, fewest)
+
+    def _check(self) -> None:
+        if self.search is None:  # grid or trials: checked when the flow plans them
+            if self.budget_epochs is not None:
+                raise ValueError(
+                    f"budget_epochs={self.budget_epochs}: only a search (search=...) stops at a "
+                    "budget; a grid or a list trains every trial, so leave budget_epochs unset"
+                )
+            return
+        if self.grid is not None or self.trials is not None:
+            raise ValueError("pass one of grid, trials or search, not several")
+        try:
+            space = self.space()
+            points = grid_size(space) if self.sampler == "grid" else None
+        except SweepConfigError as error:
+            which = " for sampler grid" if self.sampler == "grid" else ""
+            raise ValueError(f"invalid search space{which}: {error}") from None
+        if points is not None and self.n_trials is not None and self.n_trials > points:
+            raise ValueError(
+                f"n_trials={self.n_trials}: the grid has {points} points and sampler grid asks "
+                "each once; lower n_trials or leave it unset to run every point"
+            )
+        first = self.first_rung()
+        if self.budget_epochs is not None and self.budget_epochs < first:
+            rung = "its epochs, with pruner none" if self.pruner == "none" else "min_epochs"
+            raise ValueError(
+                f"budget_epochs={self.budget_epochs}: smaller than one trial's first rung "
+                f"({first} trial-epochs: {rung}); raise budget_epochs to at least {first}"
+            )
+
+
+class SweepParams(_Sweep, _CharLM):  # sweep-charlm's: its own and every trial's defaults
     keep_last: t.KeepLast = 1
     model_name: t.ModelName = Field("ddpflow-charlm", description="MLflow model of the best trial")
     experiment: t.Experiment = "ddpflow-charlm-sweep"
     promote: bool = Field(False, description="give the best trial the champion alias if better")
 
-    def _check(self) -> None:
-        if self.search is None:
-            return  # grid or trials: checked when the flow plans them (build_trials)
-        if self.grid is not None or self.trials is not None:
-            raise ValueError("pass one of grid, trials or search, not several")
-        try:
-            parse_space(self.search)
-        except SweepConfigError as error:
-            raise ValueError(f"invalid search space: {error}") from None
 
-
-class ImageTraining(_Training):  # what every image training takes
+class _Images(_Params):  # an image classifier and its data: a training's and a sweep's trials'
     source: Uri | None = Field(None, description="folder per class, local or s3://; unset: digits")
     arch: Literal["resnet18", "resnet50"] = Field("resnet18", description="torchvision ResNet")
     weights: Uri = Field("none", description="none, imagenet or a state_dict URI")
@@ -189,6 +254,10 @@ class ImageTraining(_Training):  # what every image training takes
     channels_last: t.AutoToggle = Field("auto", description="memory format: auto (on for GPUs)")
 
 
+class ImageTraining(_Images, _Training):  # what every image training takes
+    pass
+
+
 class ImageParams(GroupParams, ImageTraining):  # train-images'
     model_name: t.ModelName = "ddpflow-images"
 
@@ -198,3 +267,19 @@ class ImageScalingParams(ImageTraining):  # scaling-images': a fine-tuning per w
     target_accuracy: float | None = Field(None, gt=0, le=1, description="val accuracy to reach")
     keep_last: t.KeepLast = 1
     experiment: t.Experiment = "ddpflow-images-scaling"
+
+
+class ImageSweepParams(_Sweep, _Images):  # sweep-images': its own and every trial's defaults
+    trial_fields: ClassVar[TrialFields] = IMAGE_FIELDS
+    keep_last: t.KeepLast = 1
+    experiment: t.Experiment = "ddpflow-images-sweep"
+    model_name: t.ModelName = Field("ddpflow-images", description="MLflow model of the best trial")
+
+    def trial_defaults(self) -> dict[str, Any]:
+        # A trial's augment is true or false: "auto" is on for a folder of the user's, off
+        # for the digits demo (as train-images decides it).
+        augment = self.augment is True or (self.augment == "auto" and self.source is not None)
+        return {**super().trial_defaults(), "augment": augment}
+
+
+AnySweepParams = SweepParams | ImageSweepParams  # what the sweep flows' shared steps take

@@ -1,4 +1,4 @@
-"""What the sweep prints at the end: the ranking, the best trial and where to look next."""
+"""What a sweep prints at the end: the ranking, the best trial and where to look next."""
 
 from __future__ import annotations
 
@@ -18,6 +18,20 @@ COLUMNS = (
     ("elapsed_s", 9),
     ("run_id", 32),
 )
+# An image sweep's table: its trial fields in place of the pet-name model's.
+IMAGE_COLUMNS = (
+    ("rank", 4),
+    ("trial", 5),
+    ("status", 9),
+    ("batch_size", 10),
+    ("lr", 8),
+    ("freeze_backbone", 15),
+    ("augment", 7),
+    ("epochs", 6),
+    ("val_loss", 8),
+    ("elapsed_s", 9),
+    ("run_id", 32),
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +46,7 @@ class SweepSummary:
     promotion: str | None
     promoted: bool
     table_key: str
+    columns: tuple[tuple[str, int], ...] = COLUMNS
 
     def render(self, ui_hint: str) -> str:
         return "\n".join(
@@ -41,7 +56,7 @@ class SweepSummary:
                 "completed",
                 f"  MLflow parent run  {self.parent_run_id}",
                 "",
-                *("  " + line for line in table_lines(self.rows)),
+                *("  " + line for line in table_lines(self.rows, self.columns)),
                 "",
                 *self._result_lines(),
                 "  plots              sweep/loss_vs_epoch.png, sweep/loss_vs_elapsed.png "
@@ -65,12 +80,14 @@ class SweepSummary:
         return lines
 
 
-def table_lines(rows: list[dict[str, Any]]) -> list[str]:
+def table_lines(
+    rows: list[dict[str, Any]], columns: tuple[tuple[str, int], ...] = COLUMNS
+) -> list[str]:
     """A fixed-width text table; failed trials get their error on the next line."""
-    header = " ".join(name.ljust(width) for name, width in COLUMNS)
+    header = " ".join(name.ljust(width) for name, width in columns)
     lines = [header, "-" * len(header)]
     for row in rows:
-        cells = [_cell(row.get(name)).ljust(width) for name, width in COLUMNS]
+        cells = [_cell(row.get(name)).ljust(width) for name, width in columns]
         lines.append(" ".join(cells).rstrip())
         if row.get("error"):
             lines.append(f"      error: {row['error']}")

@@ -14,15 +14,15 @@ from ddpflow.distributed.progress import Subscriber, line_subscriber
 from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 from ddpflow.training.result import TrainResult
-from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep.pruning import Verdicts, search_trial_rank
+from ddpflow.workloads.sweep.trial import TrialJob, workload_of
 
 
 # NO_CACHE: `referee` (a live object with a thread) is no input to hash.
 @task(name="train-trial", task_run_name="train-trial-{index}", cache_policy=NO_CACHE)
 def train_search_trial(
     index: int,
-    job: CharLMTrainJob,
+    job: TrialJob,
     workers: list[str],
     rank_timeout_s: float,
     rank_resources: Mapping[str, float] | None,
@@ -33,7 +33,7 @@ def train_search_trial(
     epoch's validation loss) and answers through `verdicts`. Called directly from a flow
     thread (not .submit), as tasks.sweep.train_trial."""
     client = current_dask_client()
-    key = f"charlm-trial-{index}-progress"
+    key = f"{workload_of(job)}-trial-{index}-progress"
     with progress_artifact(key, f"trial {index}") as artifact:
         results = launch(
             client,

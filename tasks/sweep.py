@@ -13,8 +13,8 @@ from ddpflow.distributed.progress import line_subscriber
 from ddpflow.integrations.prefect.flow_client import current_dask_client
 from ddpflow.integrations.prefect.progress_artifact import progress_artifact
 from ddpflow.training.result import TrainResult
-from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep import trial_rank
+from ddpflow.workloads.sweep.trial import TrialJob, workload_of
 
 TABLE_KEY = "charlm-sweep"
 
@@ -22,18 +22,18 @@ TABLE_KEY = "charlm-sweep"
 @task(name="train-trial", task_run_name="train-trial-{index}")
 def train_trial(
     index: int,
-    job: CharLMTrainJob,
+    job: TrialJob,
     workers: list[str],
     rank_timeout_s: float,
     rank_resources: Mapping[str, float] | None,
 ) -> TrainResult:
-    """One trial's DDP group on its own workers.
+    """One trial's DDP group on its own workers (a pet-name or an image trial: its job says).
 
     Called directly from a flow thread (not .submit): the launcher must run in the flow
     process, never in a task that holds a worker thread.
     """
     client = current_dask_client()
-    key = f"charlm-trial-{index}-progress"
+    key = f"{workload_of(job)}-trial-{index}-progress"
     with progress_artifact(key, f"trial {index}") as artifact:
         results = launch(
             client,

@@ -11,6 +11,7 @@ not block, so the referee's own thread takes it from there: `trial.report(loss, 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,9 +34,11 @@ class Referee:
         client: Any,
         verdicts: Verdicts,
         epochs: int,
+        on_epoch: Callable[[int], None] | None = None,
     ):
+        """`on_epoch(epoch)`: told of each epoch the trial finished (the search's budget)."""
         self.desk, self.trial, self.client = desk, trial, client
-        self.verdicts, self.epochs = verdicts, epochs
+        self.verdicts, self.epochs, self.on_epoch = verdicts, epochs, on_epoch
         self.reported: dict[int, float] = {}
         self.pruned_at: int | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"ddpflow-referee-{trial.number}")
@@ -49,6 +52,8 @@ class Referee:
         if epoch in self.reported:
             return  # delivered twice
         self.reported[epoch] = value
+        if self.on_epoch is not None:
+            self.on_epoch(epoch)
         can_prune = epoch < self.epochs  # the last epoch's ranks wait for nothing
         prune = self.pruned_at is not None  # stopped already: its ranks saw the verdict late
         try:

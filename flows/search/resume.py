@@ -9,7 +9,8 @@ the same study name:
 - a trial that was RUNNING when the process died is marked FAIL and listed in the study's
   user attribute `ddpflow_interrupted`, its child run ends KILLED with `ddpflow.trial_state`
   INTERRUPTED, and its parameters are enqueued, so the next ask trains them again;
-- the budget counts the finished trials: `n_trials` is the study's total, not this run's.
+- the budget counts the finished trials: `n_trials` is the study's total, not this run's,
+  and `budget_epochs` counts the kept trials' epochs (`spent_epochs`) as spent.
 
 The new parent run is linked to the one before: tag `ddpflow.resumed_from`.
 """
@@ -25,7 +26,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import FrozenTrial, TrialState
 
 from ddpflow.tracking.loggers import RunRef
-from ddpflow.workloads.sweep.config import validate_trial
+from ddpflow.workloads.sweep.config import CHARLM_FIELDS, TrialFields, validate_trial
 from ddpflow.workloads.sweep.execute import TrialOutcome, partial_history
 
 INTERRUPTED_ATTR = "ddpflow_interrupted"  # the study's: numbers of interrupted trials
@@ -86,7 +87,10 @@ def kill_interrupted_runs(
 
 
 def kept_outcomes(
-    resumed: Resumed, defaults: Mapping[str, Any], tracking_uri: str
+    resumed: Resumed,
+    defaults: Mapping[str, Any],
+    tracking_uri: str,
+    trial_fields: TrialFields = CHARLM_FIELDS,
 ) -> list[TrialOutcome]:
     """The finished trials of earlier flow runs, as outcomes of this one (no training)."""
     outcomes = []
@@ -97,7 +101,7 @@ def kept_outcomes(
         pruned_at = attrs.get(PRUNED_AT_ATTR)
         outcomes.append(
             TrialOutcome(
-                validate_trial(trial.number, {**defaults, **trial.params}),
+                validate_trial(trial.number, {**defaults, **trial.params}, trial_fields),
                 run_id,
                 completed=trial.state is TrialState.COMPLETE,
                 history=history,
@@ -107,3 +111,8 @@ def kept_outcomes(
             )
         )
     return outcomes
+
+
+def spent_epochs(kept: Sequence[TrialOutcome]) -> int:
+    """The trial-epochs the kept trials spent (their child runs' epochs): a budget's start."""
+    return sum(len(o.history) for o in kept)

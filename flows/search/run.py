@@ -3,7 +3,10 @@
 Each of `workers // ranks_per_trial` threads loops: take free workers, ask the study for a
 trial (in order, under the study's lock), train it on them (its child MLflow run as any
 sweep trial's), judge it epoch by epoch (flows.search.referee), tell the study how it
-ended, give the workers back, and go again until `n_trials` were asked. There is no
+ended, give the workers back, and go again until `n_trials` were asked or, with
+`budget_epochs`, until the trial-epochs spent reach it (flows.search.board counts them:
+the finished trials', the running ones' so far, a resumed study's kept ones'); whichever
+comes first stops the asking, and the trials running then go on to their end. There is no
 synchronous rung: a trial the pruner stops frees its workers at once and the next trial
 starts there while the others go on.
 
@@ -30,13 +33,13 @@ from optuna.trial import TrialState
 from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.run import log_files
 from ddpflow.training.result import TrainResult
-from ddpflow.workloads.charlm.job import CharLMTrainJob
 from ddpflow.workloads.sweep import SweepSetup, TrialOutcome, WorkerSlots, reject_trial, run_trial
 from ddpflow.workloads.sweep.config import validate_trial
 from ddpflow.workloads.sweep.pruning import DEFAULT_WAIT_S, Verdicts
 from ddpflow.workloads.sweep.report import REPORT_DIR, table_rows
-from ddpflow.workloads.sweep.space import Range, SearchSpace
-from flows.search.board import SearchBoard
+from ddpflow.workloads.sweep.space import SearchSpace, epochs_range
+from ddpflow.workloads.sweep.trial import TrialJob
+from flows.search.board import PROGRESS_KEY, SearchBoard
 from flows.search.plots import study_pngs
 from flows.search.referee import Referee
 from flows.search.resume import (
@@ -53,15 +56,12 @@ TRIAL_STATE_TAG = "ddpflow.trial_state"  # COMPLETE, PRUNED or FAILED
 PRUNED_AT_TAG = "ddpflow.pruned_at_epoch"
 BEST_PARAMS_TAG = "ddpflow.best_params"
 # What the flow's task launches: (trial number, job, workers, verdicts, referee's subscriber).
-LaunchFn = Callable[[int, CharLMTrainJob, list[str], Verdicts, Any], TrainResult]
+LaunchFn = Callable[[int, TrialJob, list[str], Verdicts, Any], TrainResult]
 
 
 def max_epochs(space: SearchSpace, default_epochs: int) -> int:
     """The most epochs a trial of the space may train (the pruners' largest resource)."""
-    for d in space.dimensions:
-        if d.name == "epochs":
-            return int(d.high) if isinstance(d, Range) else max(int(v) for v in d.values)
-    return default_epochs
+    return epochs_range(space, default_epochs)[1]
 
 
 def state_of(outcome: TrialOutcome) -> str:
@@ -82,10 +82,21 @@ def run_search(
     launch: LaunchFn,
     verdict_wait_s: float = DEFAULT_WAIT_S,
     already_done: int = 0,
+    budget_epochs: int | None = None,
+    spent_before: int = 0,
+    progress_key: str = PROGRESS_KEY,
 ) -> list[TrialOutcome]:
     """Ask, train, judge and tell trials until the study holds `n_trials` finished ones
-    (`already_done` of them from earlier flow runs), as many at once as the slots hold."""
-    board = SearchBoard(n_trials - already_done, max_epochs(desk.space, int(defaults["epochs"])))
+    (`already_done` of them from earlier flow runs) or the trial-epochs spent reach
+    `budget_epochs` (`spent_before` of them by earlier flow runs), as many at once as the
+    slots hold."""
+    board = SearchBoard(
+        n_trials - already_done,
+        max_epochs(desk.space, int(defaults["epochs"])),
+        budget_epochs,
+        spent_before,
+        progress_key,
+    )
     board.open()
     asked = already_done
     asked_lock = threading.Lock()
@@ -94,13 +105,13 @@ def run_search(
     def next_trial() -> bool:
         nonlocal asked
         with asked_lock:
-            if asked >= n_trials:
+            if asked >= n_trials or board.budget_reached():
                 return False
             asked += 1
             return True
 
     def one(trial: optuna.Trial, values: dict[str, Any], workers: list[str]) -> TrialOutcome:
-        spec = validate_trial(trial.number, {**defaults, **values})
+        spec = validate_trial(trial.number, {**defaults, **values}, setup.fields)
         # Tagged at the start: a resume finds the runs that a dead flow process left RUNNING.
         tags = {**setup.tags, STUDY_TAG: desk.study.study_name, TRIAL_TAG: str(trial.number)}
         trial_setup = replace(setup, tags=tags)
@@ -111,8 +122,15 @@ def run_search(
             return outcome
         print(f"{spec.name} ({spec.config.label()}) starts on {', '.join(workers)}")
         verdicts = Verdicts(f"{sweep_id}-{trial.number}", verdict_wait_s)
-        referee = Referee(desk, trial, client, verdicts, spec.config.epochs)
-        board.started()
+        referee = Referee(
+            desk,
+            trial,
+            client,
+            verdicts,
+            spec.config.epochs,
+            on_epoch=lambda epoch: board.epoch_done(trial.number, epoch),
+        )
+        board.started(trial.number)
         try:
             outcome = run_trial(
                 spec,
@@ -125,7 +143,8 @@ def run_search(
         outcome = _judged(outcome, referee.pruned_at)
         _tell(desk, trial, outcome)
         _tag(setup, outcome, trial)
-        print(f"{spec.name} {state_of(outcome)}: {_result(outcome)}; {board.ended(outcome)}")
+        line = board.ended(trial.number, outcome)
+        print(f"{spec.name} {state_of(outcome)}: {_result(outcome)}; {line}")
         return outcome
 
     def loop() -> list[TrialOutcome]:
@@ -210,21 +229,31 @@ def search_rows(outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
     return rows
 
 
-def log_study(parent: RunRef, desk: StudyDesk, outcomes: Sequence[TrialOutcome]) -> None:
-    """The study in the parent run: best value and params, states, trial-epochs, the table."""
+def log_study(
+    parent: RunRef,
+    desk: StudyDesk,
+    outcomes: Sequence[TrialOutcome],
+    budget_epochs: int | None = None,
+) -> None:
+    """The study in the parent run: best value and params, states, trial-epochs (a resumed
+    study's kept trials' too) and the share of the budget they are, the table."""
     logger = MlflowLogger(parent)
     spent = sum(len(o.history) for o in outcomes)
     counts = {s: sum(state_of(o) == s for o in outcomes) for s in ("COMPLETE", "PRUNED", "FAILED")}
-    logger.log_metrics(
-        {"trial_epochs": spent, **{f"num_trials_{k.lower()}": v for k, v in counts.items()}},
-        step=0,
-    )
+    metrics: dict[str, float] = {
+        "trial_epochs": spent,
+        **{f"num_trials_{k.lower()}": v for k, v in counts.items()},
+    }
+    if budget_epochs is not None:
+        metrics["budget_used"] = spent / budget_epochs  # above 1: the trials running at the end
+    logger.log_metrics(metrics, step=0)
     best = desk.best()
     study = {
         "study_name": desk.study.study_name,
         "sampler": type(desk.study.sampler).__name__,
         "pruner": type(desk.study.pruner).__name__,
         "trial_epochs": spent,
+        "budget_epochs": budget_epochs,
         "best": None if best is None else {"number": best[0], "value": best[1], "params": best[2]},
         "trials": search_rows(outcomes),
     }

@@ -1,7 +1,9 @@
 """The sweep's Optuna study: its sampler, its pruner, and a trial's values from the space.
 
 Optuna runs in the flow process only (ask/tell): the trials' ranks never import it. The
-sampler is seeded by the sweep's `seed`, so the same seed asks the same first trials.
+sampler is seeded by the sweep's `seed`, so the same seed asks the same first trials. The
+grid sampler is Optuna's `GridSampler` over the space's grid points (space.grid_of), each
+asked once, in an order the seed shuffles.
 The pruners are Optuna's own: ASHA is `SuccessiveHalvingPruner` (rungs at epochs r, r·η,
 r·η², ... with r = min_epochs), Hyperband is `HyperbandPruner` over the same r and η.
 """
@@ -14,20 +16,41 @@ from typing import Any, Literal
 
 import optuna
 
-from ddpflow.workloads.sweep.space import Choices, SearchSpace
+from ddpflow.workloads.sweep.space import Choices, SearchSpace, grid_of
 
-SamplerName = Literal["tpe", "random"]
+SamplerName = Literal["tpe", "random", "grid"]
 PrunerName = Literal["asha", "hyperband", "none"]
 
 
-def make_sampler(name: SamplerName, seed: int) -> optuna.samplers.BaseSampler:
+class AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's GridSampler, asked and told outside `study.optimize`: its `after_trial` stops
+    the optimize loop once every point was asked, which outside that loop raises. The search
+    stops asking by itself (flows.search.run: n_trials is the grid's size)."""
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: optuna.trial.FrozenTrial,
+        state: optuna.trial.TrialState,
+        values: Any,
+    ) -> None:
+        return None
+
+
+def make_sampler(
+    name: SamplerName, seed: int, space: SearchSpace | None = None
+) -> optuna.samplers.BaseSampler:
+    if name == "grid":
+        if space is None:
+            raise ValueError("sampler='grid' needs the search space")
+        return AskTellGridSampler(grid_of(space), seed=seed)
     if name == "tpe":
         # constant_liar: trials still running count as bad guesses, so concurrent asks
         # spread out instead of piling onto the same point.
         return optuna.samplers.TPESampler(seed=seed, constant_liar=True)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"sampler={name!r}: use tpe or random")
+    raise ValueError(f"sampler={name!r}: use tpe, random or grid")
 
 
 def make_pruner(
@@ -53,22 +76,26 @@ def make_study(
     max_epochs: int,
     study_name: str | None = None,
     storage: optuna.storages.BaseStorage | None = None,
+    space: SearchSpace | None = None,
 ) -> optuna.Study:
     """A study that minimises the validation loss: new, or the one of that name in `storage`
-    (flows.search.storage), resumed. A resumed study's sampler is seeded with the seed plus
-    the trials it holds, so it does not ask the first trials' values again."""
+    (flows.search.storage), resumed. A resumed study's sampler (but the grid's, which skips
+    the points asked) is seeded with the seed plus the trials it holds, so it does not ask
+    the first trials' values again."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # the flow prints its own lines
     study = optuna.create_study(
         direction="minimize",
-        sampler=make_sampler(sampler, seed),
+        sampler=make_sampler(sampler, seed, space),
         pruner=make_pruner(pruner, min_epochs, eta, max_epochs),
         study_name=study_name,
         storage=storage,
         load_if_exists=True,
     )
     held = len(study.get_trials(deepcopy=False))
-    if held:
-        study.sampler = make_sampler(sampler, seed + held)
+    # Not the grid's: its points are numbered in its seeded order, so a resumed study needs
+    # the same order to know which points were asked.
+    if held and sampler != "grid":
+        study.sampler = make_sampler(sampler, seed + held, space)
     return study
 
 

@@ -24,6 +24,7 @@ from flows.params import (
     CharLMScalingParams,
     ImageParams,
     ImageScalingParams,
+    ImageSweepParams,
     ParameterError,
     RetrainParams,
     SweepParams,
@@ -39,6 +40,7 @@ FLOW_MODELS = {
     "retrain-charlm": ("training", RetrainParams),
     "sweep-charlm": ("sweep", SweepParams),
     "train-images": ("training", ImageParams),
+    "sweep-images": ("sweep", ImageSweepParams),
     "scaling-charlm": ("scaling", CharLMScalingParams),
     "scaling-images": ("scaling", ImageScalingParams),
 }

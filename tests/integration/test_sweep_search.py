@@ -372,3 +372,79 @@ def test_a_killed_search_resumes_with_the_same_study(
         Path(client.download_artifacts(parents[1].info.run_id, "sweep/study.json")).read_text()
     )
     assert sorted(row["trial"] for row in study["trials"]) == sorted(t.number for t in counted)
+
+
+def _children(client: MlflowClient, experiment: str) -> list[Any]:
+    found = client.get_experiment_by_name(experiment)
+    return [
+        r for r in client.search_runs([found.experiment_id]) if "mlflow.parentRunId" in r.data.tags
+    ]
+
+
+def test_a_budget_in_trial_epochs_stops_the_asking_and_a_resume_counts_it(
+    flow_services, monkeypatch, tmp_path
+) -> None:
+    """One trial at a time (two ranks each: the count is then exact), one epoch each, a
+    budget of 3 trial-epochs beside a trials budget of 5: the budget is reached first, after
+    the third trial, and no fourth is asked. The same study rerun with a budget of 4 counts
+    the 3 epochs its kept trials spent and asks one trial more."""
+    experiment, name = "budget-test", "pets-budget"
+    options: dict[str, Any] = {
+        "search": RESUME_SPACE,
+        "study_name": name,
+        "sampler": "random",
+        "pruner": "none",
+        "n_trials": 5,
+        "budget_epochs": 3,
+        "epochs": 1,
+        "ranks_per_trial": 2,
+        "hidden_size": 16,
+        "num_layers": 1,
+        "batch_size": 4096,
+        "source": str(small_corpus(8000)),
+        "experiment": experiment,
+        "model_name": MODEL,
+    }
+    state = run_in_process(
+        sweep_charlm, tmp_path, flow_services, monkeypatch, sweep=SweepParams(**options),
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    children = _children(client, experiment)
+    # The trial-epochs in the child runs: three trials of one epoch, not n_trials' five.
+    assert [_epochs(client, r) for r in children] == [[1]] * 3
+    (parent,) = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
+    assert parent.data.metrics["trial_epochs"] == 3
+    assert parent.data.metrics["budget_used"] == 1.0
+    assert parent.data.params["budget_epochs"] == "3"
+    artifacts = flow_run_records(state.state_details.flow_run_id)["artifacts"]
+    (progress,) = [a for a in artifacts if a["key"] == "charlm-search-progress"]
+    assert progress["data"] == 100.0
+    assert "3 trial-epochs spent of a budget of 3 (100 %)" in progress["description"]
+
+    again = SweepParams(**{**options, "budget_epochs": 4})
+    state = run_in_process(
+        sweep_charlm, tmp_path, flow_services, monkeypatch, sweep=again, return_state=True
+    )
+    assert state.is_completed(), state
+    path = tmp_path / "artifacts" / "studies" / f"{name}.journal"
+    study = optuna.load_study(
+        study_name=name, storage=JournalStorage(JournalFileBackend(str(path)))
+    )
+    assert [t.state for t in study.trials] == [TrialState.COMPLETE] * 4
+    children = _children(client, experiment)
+    assert [_epochs(client, r) for r in children] == [[1]] * 4
+    parents = [
+        r
+        for r in client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+        if "mlflow.parentRunId" not in r.data.tags
+    ]
+    (resumed,) = [p for p in parents if "ddpflow.resumed_from" in p.data.tags]
+    assert resumed.data.metrics["trial_epochs"] == 4  # the 3 kept and the 1 new
+    trained_here = [c for c in children if c.data.tags["mlflow.parentRunId"] == resumed.info.run_id]
+    assert len(trained_here) == 1

@@ -9,7 +9,7 @@ import pytest
 from flows.cli import HELP_GROUPS, help_group, parse_args
 from flows.param_docs import parameter
 
-FLOWS = ("train_charlm", "train_images", "retrain_charlm", "sweep_charlm",
+FLOWS = ("train_charlm", "train_images", "retrain_charlm", "sweep_charlm", "sweep_images",
          "scaling_charlm", "scaling_images")  # fmt: skip
 
 

@@ -88,7 +88,9 @@ def test_a_search_takes_its_flags() -> None:
         ({"search": {"width": {"choices": [1]}}}, "search.width: unknown field"),
         ({"search": SPACE, "grid": {"lr": [0.1]}}, "pass one of grid, trials or search"),
         ({"search": SPACE, "pruner": "median"}, "pruner='median'"),
-        ({"search": SPACE, "sampler": "grid"}, "sampler='grid'"),
+        ({"search": SPACE, "sampler": "bayes"}, "sampler='bayes'"),
+        # The grid sampler takes discrete dimensions only: SPACE's lr is a continuous range.
+        ({"search": SPACE, "sampler": "grid"}, "search.lr: a continuous range has no grid"),
         ({"search": SPACE, "eta": 1}, "eta=1"),
     ],
 )

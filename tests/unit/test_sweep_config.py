@@ -134,3 +134,56 @@ def test_fault_injection_is_not_a_trial_field() -> None:
 
 def test_label_names_the_swept_values() -> None:
     assert TrialConfig(2048, 0.01, 32, 1, 0.0, 2, 0).label() == "bs=2048 lr=0.01 h=32x1"
+
+
+IMAGE_DEFAULTS: dict[str, Any] = {
+    "batch_size": 32,
+    "lr": 0.001,
+    "freeze_backbone": False,
+    "augment": False,
+    "epochs": 2,
+    "seed": 0,
+}
+
+
+def test_an_image_sweeps_trials_take_the_image_fields() -> None:
+    from ddpflow.workloads.sweep.config import IMAGE_FIELDS, ImageTrialConfig
+
+    grid = {"lr": [0.01, 0.001], "freeze_backbone": [True, False]}
+    specs = build_trials(grid, None, IMAGE_DEFAULTS, IMAGE_FIELDS)
+    assert [s.valid for s in specs] == [True] * 4
+    assert specs[0].config == ImageTrialConfig(32, 0.01, True, False, 2, 0)
+    assert specs[0].config.label() == "bs=32 lr=0.01 frozen"
+    assert specs[0].field_names == IMAGE_FIELDS.names
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        # A switch is true or false: 1 or "yes" are mistakes, not true.
+        ({"freeze_backbone": 1}, "trials[0].freeze_backbone=1: must be true or false"),
+        ({"augment": "yes"}, "trials[0].augment='yes': must be true or false"),
+        ({"lr": True}, "trials[0].lr=True: must be a number"),
+        ({"hidden_size": 32}, "trials[0].hidden_size: unknown field; expected one of batch_size"),
+    ],
+)
+def test_an_invalid_image_trial_names_the_field(override: dict, message: str) -> None:
+    from ddpflow.workloads.sweep.config import IMAGE_FIELDS
+
+    (spec,) = build_trials(None, [override], IMAGE_DEFAULTS, IMAGE_FIELDS)
+    assert not spec.valid
+    assert any(message in e for e in spec.errors), spec.errors
+
+
+def test_an_image_search_takes_a_switch_as_choices_only() -> None:
+    from ddpflow.workloads.sweep.config import IMAGE_FIELDS
+    from ddpflow.workloads.sweep.space import Choices, parse_space
+
+    space = parse_space({"freeze_backbone": {"choices": [True, False]}}, IMAGE_FIELDS)
+    assert space.dimensions == (Choices("freeze_backbone", (True, False)),)
+    with pytest.raises(
+        SweepConfigError, match=r'search.augment: augment is true or false; use \{"choices"'
+    ):
+        parse_space({"augment": {"low": 0, "high": 1}}, IMAGE_FIELDS)
+    with pytest.raises(SweepConfigError, match="search.hidden_size: unknown field"):
+        parse_space({"hidden_size": {"choices": [16]}}, IMAGE_FIELDS)

@@ -1,10 +1,11 @@
-"""Hyperparameter sweeps: many pet-name models at once, each on its own Dask workers.
+"""Hyperparameter sweeps: many models at once (pet-name or image), each on its own workers.
 
-config   trial configs, grid expansion, per-trial validation naming the field
-space    a search space (ranges, log ranges, choices) over the trial fields, validated
+config   trial configs per workload, grid expansion, per-trial validation naming the field
+space    a search space (ranges, log ranges, choices) over the trial fields, validated;
+         its grid points for the grid sampler
 pruning  a searched trial's ranks wait for the study's verdict at each epoch's end
 slots    which workers a trial holds; a queue that never runs more than the cluster holds
-trial    the rank function of a trial (training + elapsed seconds)
+trial    the rank function of a trial (its workload's training + elapsed seconds)
 execute  a trial's child MLflow run and outcome
 plots    loss vs epoch / elapsed seconds, one panel per trial
 report   ranking, table rows, what goes into the parent run

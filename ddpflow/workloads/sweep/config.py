@@ -1,7 +1,10 @@
 """Trial configs of a sweep: grid expansion and per-trial validation that names the field.
 
-An invalid trial does not stop the sweep: it is reported (``trials[3].lr=-1: must be > 0``)
-and never launched, while the valid trials run.
+Each workload has its trial config, the fields a trial may set: `TrialConfig` (the pet-name
+model's) and `ImageTrialConfig` (the image classifier's). `TrialFields` reads a config's
+field types and bounds; every function here takes the workload's (the pet-name one unless
+told). An invalid trial does not stop the sweep: it is reported (``trials[3].lr=-1: must
+be > 0``) and never launched, while the valid trials run.
 """
 
 from __future__ import annotations
@@ -52,7 +55,21 @@ class TrialConfig:
         return f"bs={self.batch_size} lr={self.lr:g} h={self.hidden_size}x{self.num_layers}"
 
 
-TRIAL_FIELDS = tuple(f.name for f in fields(TrialConfig))
+@dataclass(frozen=True)
+class ImageTrialConfig:
+    """One image classifier to train (flows.sweep_images): the fields a trial may set."""
+
+    batch_size: BatchSize
+    lr: LearningRate
+    freeze_backbone: bool  # train only the new classifier head
+    augment: bool  # random crop and flip of the training images
+    epochs: Epochs
+    seed: Seed
+
+    def label(self) -> str:
+        extra = ("frozen " if self.freeze_backbone else "") + ("aug" if self.augment else "")
+        return f"bs={self.batch_size} lr={self.lr:g} {extra}".rstrip()
+
 
 Check = tuple[Callable[[Any], bool], str]
 _TESTS = {"ge": operator.ge, "gt": operator.gt, "le": operator.le, "lt": operator.lt}
@@ -68,17 +85,33 @@ def _check(info: FieldInfo) -> Check:
     return (lambda v: all(_TESTS[k](v, b) for k, b in bounds.items())), message
 
 
-def _rules() -> dict[str, tuple[type, list[Check]]]:
+def _rules(config: type) -> dict[str, tuple[type, list[Check]]]:
     """Per trial field: its Python type and the checks its annotated type declares."""
     rules = {}
-    for name, hint in get_type_hints(TrialConfig, include_extras=True).items():
-        kind, *metadata = get_args(hint)
+    for name, hint in get_type_hints(config, include_extras=True).items():
+        args = get_args(hint)  # a plain `bool` has no Annotated metadata
+        kind, metadata = (args[0], args[1:]) if args else (hint, ())
         checks = [_check(m) for m in metadata if isinstance(m, FieldInfo) and bounds_of(m)]
         rules[name] = (kind, checks)
     return rules
 
 
-_RULES = _rules()
+@dataclass(frozen=True)
+class TrialFields:
+    """One workload's trial fields: its config class, their names in order, their rules."""
+
+    config: type
+    names: tuple[str, ...]
+    rules: Mapping[str, tuple[type, list[Check]]]
+
+    @classmethod
+    def of(cls, config: type) -> TrialFields:
+        return cls(config, tuple(f.name for f in fields(config)), _rules(config))
+
+
+CHARLM_FIELDS = TrialFields.of(TrialConfig)
+IMAGE_FIELDS = TrialFields.of(ImageTrialConfig)
+TRIAL_FIELDS = CHARLM_FIELDS.names
 
 
 @dataclass(frozen=True)
@@ -87,8 +120,9 @@ class TrialSpec:
 
     index: int
     values: dict[str, Any]
-    config: TrialConfig | None
+    config: TrialConfig | ImageTrialConfig | None  # the workload's, when valid
     errors: tuple[str, ...] = ()
+    field_names: tuple[str, ...] = TRIAL_FIELDS  # the workload's trial fields, in order
 
     @property
     def valid(self) -> bool:
@@ -99,14 +133,18 @@ class TrialSpec:
         return f"trial-{self.index}"
 
 
-def field_kind(name: str) -> type:
-    """The Python type of trial field `name` (int or float)."""
-    return _RULES[name][0]
+def field_kind(name: str, trial: TrialFields = CHARLM_FIELDS) -> type:
+    """The Python type of trial field `name` (int, float or bool)."""
+    return trial.rules[name][0]
 
 
-def check_value(name: str, value: Any) -> tuple[Any, str | None]:
+def check_value(
+    name: str, value: Any, trial: TrialFields = CHARLM_FIELDS
+) -> tuple[Any, str | None]:
     """`value` as trial field `name` takes it, converted, or None and why ("must be > 0")."""
-    kind, checks = _RULES[name]
+    kind, checks = trial.rules[name]
+    if kind is bool:  # a switch: 1 or "yes" are mistakes, not true
+        return (value, None) if isinstance(value, bool) else (None, "must be true or false")
     # bool is an int to Python, but `"lr": true` is a mistake, not a learning rate of 1.
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
     if not numeric or (kind is int and not float(value).is_integer()):
@@ -120,43 +158,47 @@ def check_value(name: str, value: Any) -> tuple[Any, str | None]:
     return converted, None
 
 
-def _check_field(prefix: str, name: str, value: Any) -> tuple[Any, str | None]:
-    converted, why = check_value(name, value)
+def _check_field(prefix: str, name: str, value: Any, trial: TrialFields) -> tuple[Any, str | None]:
+    converted, why = check_value(name, value, trial)
     # Messages quote the value as given (lr=-1), not as converted (lr=-1.0).
     return converted, None if why is None else f"{prefix}.{name}={value!r}: {why}"
 
 
-def validate_trial(index: int, values: Mapping[str, Any]) -> TrialSpec:
+def validate_trial(
+    index: int, values: Mapping[str, Any], trial: TrialFields = CHARLM_FIELDS
+) -> TrialSpec:
     """Check every field of one trial; all problems are reported, not just the first."""
     prefix = f"trials[{index}]"
     errors = [
-        f"{prefix}.{k}: unknown field; expected one of {', '.join(TRIAL_FIELDS)}"
+        f"{prefix}.{k}: unknown field; expected one of {', '.join(trial.names)}"
         for k in values
-        if k not in TRIAL_FIELDS
+        if k not in trial.names
     ]
     checked: dict[str, Any] = {}
-    for name in TRIAL_FIELDS:
+    for name in trial.names:
         value = values.get(name)
         if value is None:
             errors.append(f"{prefix}.{name}: missing")
             continue
-        checked[name], error = _check_field(prefix, name, value)
+        checked[name], error = _check_field(prefix, name, value, trial)
         if error:
             errors.append(error)
-    config = None if errors else TrialConfig(**checked)
-    return TrialSpec(index, dict(values), config, tuple(errors))
+    config = None if errors else trial.config(**checked)
+    return TrialSpec(index, dict(values), config, tuple(errors), trial.names)
 
 
-def expand_grid(grid: Mapping[str, Any]) -> list[dict[str, Any]]:
+def expand_grid(
+    grid: Mapping[str, Any], trial: TrialFields = CHARLM_FIELDS
+) -> list[dict[str, Any]]:
     """The cartesian product of the grid's lists, first key varying slowest.
 
     A scalar value is a list of one. Unknown keys and empty lists fail the whole sweep:
     they are mistakes in the grid, not in one trial.
     """
-    unknown = sorted(set(grid) - set(TRIAL_FIELDS))
+    unknown = sorted(set(grid) - set(trial.names))
     if unknown:
         raise SweepConfigError(
-            f"grid keys {unknown} are not trial fields; use {', '.join(TRIAL_FIELDS)}"
+            f"grid keys {unknown} are not trial fields; use {', '.join(trial.names)}"
         )
     axes = {k: v if isinstance(v, list | tuple) else [v] for k, v in grid.items()}
     empty = [k for k, v in axes.items() if not v]
@@ -171,6 +213,7 @@ def build_trials(
     grid: Mapping[str, Any] | None,
     trials: Sequence[Mapping[str, Any]] | None,
     defaults: Mapping[str, Any],
+    trial: TrialFields = CHARLM_FIELDS,
 ) -> list[TrialSpec]:
     """Trials from a grid or an explicit list, each completed with `defaults` and checked."""
     if (grid is None) == (trials is None):
@@ -178,7 +221,7 @@ def build_trials(
             'pass exactly one of grid= (e.g. {"batch_size": [512, 2048], "lr": [0.001, '
             '0.01]}) or trials= (e.g. [{"lr": 0.001}, {"lr": 0.01}])'
         )
-    overrides = expand_grid(grid) if grid is not None else list(trials or [])
+    overrides = expand_grid(grid, trial) if grid is not None else list(trials or [])
     if not overrides:
         raise SweepConfigError("trials= is an empty list; give at least one trial")
     if len(overrides) > MAX_TRIALS:
@@ -187,7 +230,7 @@ def build_trials(
     for index, override in enumerate(overrides):
         if not isinstance(override, Mapping):
             error = f"trials[{index}]={override!r}: must be an object of trial fields"
-            specs.append(TrialSpec(index, {}, None, (error,)))
+            specs.append(TrialSpec(index, {}, None, (error,), trial.names))
             continue
-        specs.append(validate_trial(index, {**defaults, **override}))
+        specs.append(validate_trial(index, {**defaults, **override}, trial))
     return specs

@@ -1,8 +1,10 @@
 """One trial's life: its child MLflow run, its job, its launch, and what became of it.
 
 The launch itself is injected (`TrainFn`): the flow launches the trial's DDP group on its
-Dask workers, the benchmark can also train in its own process. Whatever fails, the child
-run ends FAILED with the error as a tag and the other trials carry on.
+Dask workers, the benchmark can also train in its own process. So is the job, for a workload
+other than the pet-name model's (`SweepSetup.job`: the image sweep builds ImageTrainJobs).
+Whatever fails, the child run ends FAILED with the error as a tag and the other trials
+carry on.
 """
 
 from __future__ import annotations
@@ -21,8 +23,13 @@ from ddpflow.training.result import EpochStats, TrainResult
 from ddpflow.workloads.charlm.config import CharLSTMConfig
 from ddpflow.workloads.charlm.data import FormattedCorpus
 from ddpflow.workloads.charlm.job import CharLMTrainJob
-from ddpflow.workloads.sweep.config import TRIAL_FIELDS, TrialConfig, TrialSpec
-from ddpflow.workloads.sweep.trial import elapsed_by_epoch
+from ddpflow.workloads.sweep.config import (
+    CHARLM_FIELDS,
+    TrialConfig,
+    TrialFields,
+    TrialSpec,
+)
+from ddpflow.workloads.sweep.trial import TrialJob, elapsed_by_epoch
 
 ERROR_TAG = "ddpflow.error"
 FAILURE_KIND_TAG = "ddpflow.failure"  # "invalid" (never launched) or "crash"
@@ -30,14 +37,17 @@ WORKERS_TAG = "ddpflow.workers"  # the Dask workers a trial trained on
 MAX_TAG_LEN = 5000
 # The metrics fit() logs per epoch, in EpochStats' field order after `epoch`.
 _EPOCH_METRICS = ("epoch_train_loss", "val_loss", "epoch_samples_per_s", "epoch_time_s")
-TrainFn = Callable[[CharLMTrainJob, list[str]], TrainResult]
+TrainFn = Callable[[TrialJob, list[str]], TrainResult]
+# A workload's job for one valid trial: (its config, the sweep's setup, its child run).
+JobFn = Callable[[Any, "SweepSetup", RunRef], TrialJob]
 
 
 @dataclass(frozen=True)
 class SweepSetup:
     """What every trial of one sweep shares."""
 
-    corpus: FormattedCorpus
+    # The pet-name trials' data; None where `job` holds its workload's own (the images').
+    corpus: FormattedCorpus | None
     parent: RunRef
     experiment: str
     artifact_root: str
@@ -48,6 +58,12 @@ class SweepSetup:
     datasets: Sequence[DatasetRef] = ()  # logged as every trained child run's inputs
     # What each rank asks of its worker (DDPFLOW_RANK_RESOURCES, e.g. {"GPU": 1}).
     rank_resources: Mapping[str, float] | None = None
+    # The workload's trial fields and its job builder; unset: the pet-name model's.
+    fields: TrialFields = CHARLM_FIELDS
+    job: JobFn | None = None
+
+    def trial_job(self, config: Any, run: RunRef) -> TrialJob:
+        return (self.job or trial_job)(config, self, run)
 
 
 @dataclass(frozen=True)
@@ -85,7 +101,7 @@ def _start_child(spec: TrialSpec, setup: SweepSetup, workers: list[str] | None =
         setup.experiment,
         run_name=f"{spec.name} {label}",
         # Only known fields: an unknown key may not even be a legal MLflow param name.
-        params={**setup.params, **_known(spec.values), "trial": spec.index},
+        params={**setup.params, **_known(spec), "trial": spec.index},
         tags={
             **setup.tags,
             "ddpflow.trial": str(spec.index),
@@ -96,8 +112,8 @@ def _start_child(spec: TrialSpec, setup: SweepSetup, workers: list[str] | None =
     )
 
 
-def _known(values: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in values.items() if k in TRIAL_FIELDS and v is not None}
+def _known(spec: TrialSpec) -> dict[str, Any]:
+    return {k: v for k, v in spec.values.items() if k in spec.field_names and v is not None}
 
 
 def fail_run(run: RunRef, kind: str, error: str) -> None:
@@ -117,6 +133,8 @@ def reject_trial(spec: TrialSpec, setup: SweepSetup) -> TrialOutcome:
 
 
 def trial_job(config: TrialConfig, setup: SweepSetup, run: RunRef) -> CharLMTrainJob:
+    """A pet-name trial's job (the default of SweepSetup.job)."""
+    assert setup.corpus is not None, "a pet-name sweep's setup holds its corpus"
     return CharLMTrainJob(
         train_uri=setup.corpus.train_uri,
         val_uri=setup.corpus.val_uri,
@@ -154,7 +172,7 @@ def run_trial(
     try:
         if setup.datasets:
             log_datasets(run, setup.datasets)
-        result = train(trial_job(spec.config, setup, run), workers)
+        result = train(setup.trial_job(spec.config, run), workers)
     except Exception as error:  # noqa: BLE001 - one trial's crash must not stop the sweep
         # Redacted once, here: it goes on to the tag, the sweep's table artifact and output.
         message = error_text(error)

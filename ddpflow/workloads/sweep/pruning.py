@@ -30,8 +30,13 @@ from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ddpflow.training.result import EpochStats, TrainResult
-from ddpflow.workloads.charlm.job import CharLMTrainJob
-from ddpflow.workloads.sweep.trial import ELAPSED_METRIC, FINAL_VAL_LOSS_METRIC, elapsed_by_epoch
+from ddpflow.workloads.sweep.trial import (
+    ELAPSED_METRIC,
+    FINAL_VAL_LOSS_METRIC,
+    TrialJob,
+    elapsed_by_epoch,
+    train_rank_of,
+)
 
 if TYPE_CHECKING:
     from ddpflow.training.context import TrainContext
@@ -84,12 +89,11 @@ def forget_verdicts(client: Any, verdicts: Verdicts, epochs: int) -> None:
         distributed.Event(name, client=client).clear()  # unset and unwaited: deleted
 
 
-def search_trial_rank(ctx: TrainContext, job: CharLMTrainJob, verdicts: Verdicts) -> TrainResult:
-    """One rank of a searched trial: the pet-name training, stopped at an epoch's end if the
-    flow prunes it there; rank 0 logs elapsed seconds (and the final loss, if it completed)."""
-    # Imported on the rank: the flow process imports this module without torch.
-    from ddpflow.workloads.charlm.training import train_rank
-
+def search_trial_rank(ctx: TrainContext, job: TrialJob, verdicts: Verdicts) -> TrainResult:
+    """One rank of a searched trial: its workload's training, stopped at an epoch's end if
+    the flow prunes it there; rank 0 logs elapsed seconds (and the final loss, if it
+    completed)."""
+    train_rank = train_rank_of(job)
     seen: list[EpochStats] = []
 
     def at_epoch_end(stats: EpochStats) -> None:
@@ -159,7 +163,7 @@ def _agree(ctx: TrainContext, prune: bool) -> bool:
     return bool(flag[0] > 0)
 
 
-def _log_metrics(job: CharLMTrainJob, history: Sequence[EpochStats], final: bool) -> None:
+def _log_metrics(job: TrialJob, history: Sequence[EpochStats], final: bool) -> None:
     """Elapsed training seconds per epoch; the final loss of a trial that completed."""
     now_ms = int(time.time() * 1000)
     metrics = [Metric(ELAPSED_METRIC, s, now_ms, epoch) for epoch, s in elapsed_by_epoch(history)]

@@ -9,7 +9,6 @@ from typing import Any
 
 from ddpflow.tracking.loggers import MlflowLogger, RunRef
 from ddpflow.tracking.run import log_files
-from ddpflow.workloads.sweep.config import TRIAL_FIELDS
 from ddpflow.workloads.sweep.execute import TrialOutcome
 from ddpflow.workloads.sweep.plots import LossCurve, XAxis, loss_panels_png
 from ddpflow.workloads.sweep.trial import elapsed_by_epoch
@@ -52,7 +51,7 @@ def table_rows(outcomes: Sequence[TrialOutcome]) -> list[dict[str, Any]]:
                 "trial": outcome.spec.index,
                 "status": outcome.status,
                 # Failed trials show what was given (e.g. lr=-1), not a corrected value.
-                **{k: values.get(k) for k in TRIAL_FIELDS},
+                **{k: values.get(k) for k in outcome.spec.field_names},
                 "val_loss": _round(outcome.final_val_loss, 4),
                 "elapsed_s": _round(outcome.elapsed_s, 1),
                 "run_id": outcome.run_id,

@@ -7,13 +7,16 @@ The format, as JSON (the flow's `search` parameter):
      "num_layers": {"low": 1, "high": 2},
      "hidden_size": {"choices": [16, 32, 64]}}
 
-A key is a trial field (config.TRIAL_FIELDS); its value is either a range, `low` and `high`
-(both included) with optional `log` (sample the logarithm uniformly; low > 0) or `step`, or
-`choices`, a non-empty list. Every bound and every choice is held to the field's own limits,
-as a trial's value is (`search.lr.low=-1: must be > 0`): a space that could sample an invalid
-trial is refused whole, before any trial starts. Integer fields sample integers.
+A key is a trial field of the workload (config.TrialFields); its value is either a range,
+`low` and `high` (both included) with optional `log` (sample the logarithm uniformly;
+low > 0) or `step`, or `choices`, a non-empty list. Every bound and every choice is held to
+the field's own limits, as a trial's value is (`search.lr.low=-1: must be > 0`): a space
+that could sample an invalid trial is refused whole, before any trial starts. Integer fields
+sample integers; a true/false field takes choices only.
 
-Nothing here samples: the flow's Optuna study does (its distributions mirror these).
+Nothing here samples: the flow's Optuna study does (its distributions mirror these). The grid
+sampler needs every dimension discrete (`grid_points`): choices, integer ranges, and float
+ranges with a step.
 """
 
 from __future__ import annotations
@@ -21,11 +24,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from ddpflow.workloads.sweep.config import (
-    TRIAL_FIELDS,
+    CHARLM_FIELDS,
+    MAX_TRIALS,
     SweepConfigError,
+    TrialFields,
     check_value,
     field_kind,
 )
@@ -79,19 +85,18 @@ class SearchSpace:
         return out
 
 
-def parse_space(search: object) -> SearchSpace:
-    """The space of `search`, or SweepConfigError naming every field that is wrong."""
+def parse_space(search: object, trial: TrialFields = CHARLM_FIELDS) -> SearchSpace:
+    """The space of `search` over the workload's trial fields, or SweepConfigError naming
+    every field that is wrong."""
     if not isinstance(search, Mapping) or not search:
         raise SweepConfigError(f"search={search!r}: must be a non-empty object, e.g. {EXAMPLE}")
     errors: list[str] = []
     dimensions: list[Dimension] = []
     for name, spec in search.items():
-        if name not in TRIAL_FIELDS:
-            errors.append(
-                f"search.{name}: unknown field; expected one of {', '.join(TRIAL_FIELDS)}"
-            )
+        if name not in trial.names:
+            errors.append(f"search.{name}: unknown field; expected one of {', '.join(trial.names)}")
             continue
-        dimension, problems = _dimension(str(name), spec)
+        dimension, problems = _dimension(str(name), spec, trial)
         errors += problems
         if dimension is not None:
             dimensions.append(dimension)
@@ -100,7 +105,7 @@ def parse_space(search: object) -> SearchSpace:
     return SearchSpace(tuple(dimensions))
 
 
-def _dimension(name: str, spec: object) -> tuple[Dimension | None, list[str]]:
+def _dimension(name: str, spec: object, trial: TrialFields) -> tuple[Dimension | None, list[str]]:
     at = f"search.{name}"
     if not isinstance(spec, Mapping):
         how = '{"low": L, "high": H} (optional "log": true or "step": S) or {"choices": [...]}'
@@ -109,23 +114,25 @@ def _dimension(name: str, spec: object) -> tuple[Dimension | None, list[str]]:
         extra = sorted(set(spec) - {"choices"})
         if extra:
             return None, [f"{at}: choices cannot be combined with {', '.join(extra)}"]
-        return _choices(name, spec["choices"])
+        return _choices(name, spec["choices"], trial)
     unknown = sorted(set(spec) - RANGE_KEYS)
     if unknown:
         return None, [f"{at}.{unknown[0]}: unknown key; use low, high, log, step or choices"]
     missing = [k for k in ("low", "high") if k not in spec]
     if missing:
         return None, [f"{at}.{missing[0]}: missing (a range needs low and high)"]
-    return _range(name, spec)
+    if field_kind(name, trial) is bool:
+        return None, [f'{at}: {name} is true or false; use {{"choices": [true, false]}}']
+    return _range(name, spec, trial)
 
 
-def _choices(name: str, values: object) -> tuple[Dimension | None, list[str]]:
+def _choices(name: str, values: object, trial: TrialFields) -> tuple[Dimension | None, list[str]]:
     at = f"search.{name}.choices"
     if not isinstance(values, list) or not values:
         return None, [f"{at}={values!r}: must be a non-empty list"]
     checked, errors = [], []
     for i, value in enumerate(values):
-        converted, why = check_value(name, value)
+        converted, why = check_value(name, value, trial)
         if why is not None:
             errors.append(f"{at}[{i}]={value!r}: {why}")
         checked.append(converted)
@@ -136,13 +143,15 @@ def _choices(name: str, values: object) -> tuple[Dimension | None, list[str]]:
     return Choices(name, tuple(checked)), []
 
 
-def _range(name: str, spec: Mapping[str, Any]) -> tuple[Dimension | None, list[str]]:
+def _range(
+    name: str, spec: Mapping[str, Any], trial: TrialFields
+) -> tuple[Dimension | None, list[str]]:
     at = f"search.{name}"
-    kind = field_kind(name)
+    kind = field_kind(name, trial)
     bounds: dict[str, Any] = {}
     errors = []
     for key in ("low", "high"):
-        bounds[key], why = check_value(name, spec[key])
+        bounds[key], why = check_value(name, spec[key], trial)
         if why is not None:
             errors.append(f"{at}.{key}={spec[key]!r}: {why}")
     log, step = spec.get("log", False), spec.get("step")
@@ -164,3 +173,58 @@ def _range(name: str, spec: Mapping[str, Any]) -> tuple[Dimension | None, list[s
     if log and low <= 0:
         return None, [f"{at}.low={spec['low']!r}: must be > 0 with log"]
     return Range(name, kind, low, high, bool(log), None if step is None else kind(step)), []
+
+
+def grid_points(dimension: Dimension) -> tuple[Any, ...] | None:
+    """The values the grid sampler visits on `dimension`: its choices, or its range's values
+    from low by step up to high (an integer range steps by 1 unless told); None for a float
+    range without a step, which has no grid. A float step's values are computed in decimal,
+    as Optuna's own stepped distribution rounds its high, so every point lies in it."""
+    if isinstance(dimension, Choices):
+        return dimension.values
+    if dimension.kind is not int and dimension.step is None:
+        return None
+    low, step = Decimal(str(dimension.low)), Decimal(str(dimension.step or 1))
+    count = int((Decimal(str(dimension.high)) - low) // step) + 1
+    if count > MAX_TRIALS:  # before listing them: a seed range could hold 10^19
+        raise SweepConfigError(
+            f"search.{dimension.name}: {count} grid points; the grid has at most {MAX_TRIALS}"
+        )
+    kind = dimension.kind
+    return tuple(kind(low + i * step) for i in range(count))
+
+
+def grid_of(space: SearchSpace) -> dict[str, list[Any]]:
+    """Each dimension's grid points, for Optuna's GridSampler, or SweepConfigError naming
+    every continuous range (and the fix) and a grid too large to run."""
+    points = {d.name: grid_points(d) for d in space.dimensions}
+    continuous = [name for name, values in points.items() if values is None]
+    if continuous:
+        raise SweepConfigError(
+            "; ".join(
+                f"search.{name}: a continuous range has no grid points; give it a "
+                f'"step" (e.g. {{"low": L, "high": H, "step": S}}) or "choices", '
+                "or use sampler tpe or random"
+                for name in continuous
+            )
+        )
+    grid = {name: list(values or ()) for name, values in points.items()}
+    if math.prod(len(v) for v in grid.values()) > MAX_TRIALS:
+        raise SweepConfigError(f"search: the grid has more than {MAX_TRIALS} points")
+    return grid
+
+
+def grid_size(space: SearchSpace) -> int:
+    """How many points the grid sampler visits (every one once)."""
+    return math.prod(len(v) for v in grid_of(space).values())
+
+
+def epochs_range(space: SearchSpace, default_epochs: int) -> tuple[int, int]:
+    """The fewest and the most epochs a trial of the space trains (`default_epochs` where
+    the space leaves epochs out): the pruners' largest resource, a budget's smallest spend."""
+    for d in space.dimensions:
+        if d.name == "epochs":
+            if isinstance(d, Range):
+                return int(d.low), int(d.high)
+            return min(int(v) for v in d.values), max(int(v) for v in d.values)
+    return default_epochs, default_epochs

@@ -1,23 +1,46 @@
-"""What one trial runs on its ranks: the pet-name training plus the sweep's own metrics."""
+"""What one trial runs on its ranks: its workload's training plus the sweep's own metrics.
+
+A trial's job says its workload: a CharLMTrainJob trains a pet-name model, an ImageTrainJob
+an image classifier; `train_rank_of` finds that workload's rank function on the rank.
+"""
 
 from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from ddpflow.training.result import EpochStats, TrainResult
 from ddpflow.workloads.charlm.job import CharLMTrainJob
+from ddpflow.workloads.vision.job import ImageTrainJob
 
 if TYPE_CHECKING:
     from ddpflow.training.context import TrainContext
 
 ELAPSED_METRIC = "elapsed_s"
 FINAL_VAL_LOSS_METRIC = "final_val_loss"
+TrialJob = CharLMTrainJob | ImageTrainJob
+
+
+def workload_of(job: TrialJob) -> str:
+    """The workload's name in the trial's Prefect keys: charlm or images."""
+    return "images" if isinstance(job, ImageTrainJob) else "charlm"
+
+
+def train_rank_of(job: TrialJob) -> Callable[..., TrainResult]:
+    """The workload's `train_rank(ctx, job, on_epoch_end=None)`, imported on the rank (the
+    flow process imports this module without torch), looked up when called: a worker
+    preload may have wrapped it."""
+    module: Any
+    if isinstance(job, ImageTrainJob):
+        import ddpflow.workloads.vision.training as module
+    else:
+        import ddpflow.workloads.charlm.training as module
+    return module.train_rank
 
 
 def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
@@ -30,18 +53,15 @@ def elapsed_by_epoch(history: Sequence[EpochStats]) -> list[tuple[int, float]]:
     return [(s.epoch, total) for s, total in zip(history, totals, strict=True)]
 
 
-def trial_rank(ctx: TrainContext, job: CharLMTrainJob) -> TrainResult:
+def trial_rank(ctx: TrainContext, job: TrialJob) -> TrainResult:
     """One rank of a trial: train, then (rank 0) log elapsed seconds and the final loss."""
-    # Imported on the rank: the sweep's flow process imports this module without torch.
-    from ddpflow.workloads.charlm.training import train_rank
-
-    result = train_rank(ctx, job)
+    result = train_rank_of(job)(ctx, job)
     if ctx.is_main:
         _log_trial_metrics(job, result.history)
     return result
 
 
-def _log_trial_metrics(job: CharLMTrainJob, history: Sequence[EpochStats]) -> None:
+def _log_trial_metrics(job: TrialJob, history: Sequence[EpochStats]) -> None:
     now_ms = int(time.time() * 1000)
     metrics = [Metric(ELAPSED_METRIC, s, now_ms, epoch) for epoch, s in elapsed_by_epoch(history)]
     if history:

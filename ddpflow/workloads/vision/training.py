@@ -5,6 +5,7 @@ Like the pet-name model's, a training function of the public API on a TrainConte
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -16,7 +17,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from ddpflow.distributed.context import RankContext
 from ddpflow.training.context import TrainContext
 from ddpflow.training.loop import FitHooks
-from ddpflow.training.result import TrainResult
+from ddpflow.training.result import EpochStats, TrainResult
 from ddpflow.training.samples import Samples
 from ddpflow.training.speed.device import TrainSpeed, announce, resolve_speed
 from ddpflow.training.speed.settings import SpeedError
@@ -87,8 +88,15 @@ def _build(ctx: TrainContext, job: ImageTrainJob) -> _Trainer:
     return _Trainer(model, ddp_model, optimizer, scheduler, lr, speed)
 
 
-def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
-    """Train, or resume exactly (the scheduler included) from the latest checkpoint."""
+def train_rank(
+    ctx: TrainContext,
+    job: ImageTrainJob,
+    on_epoch_end: Callable[[EpochStats], None] | None = None,
+) -> TrainResult:
+    """Train, or resume exactly (the scheduler included) from the latest checkpoint.
+
+    `on_epoch_end` (every rank, after the scheduler's step): an image sweep's searched trial
+    waits there for the study's verdict (ddpflow.workloads.sweep.pruning)."""
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
     announce(built.speed, ctx)
@@ -108,7 +116,7 @@ def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
             _evaluate, split=val, ctx=ctx.rank_context, batch_size=job.eval_batch_size
         ),
         step_metrics=step_metrics,
-        on_epoch_end=lambda stats: scheduler.step(stats.val_loss),
+        on_epoch_end=partial(_epoch_end, scheduler, on_epoch_end),
         speed=built.speed,
     )
     return fit_job(
@@ -122,6 +130,16 @@ def train_rank(ctx: TrainContext, job: ImageTrainJob) -> TrainResult:
         info={"model_config": job.model.to_dict(), "extra": extra},
         hooks=hooks,
     )
+
+
+def _epoch_end(
+    scheduler: ReduceLROnPlateau,
+    then: Callable[[EpochStats], None] | None,
+    stats: EpochStats,
+) -> None:
+    scheduler.step(stats.val_loss)  # before a verdict that may stop the trial here
+    if then is not None:
+        then(stats)
 
 
 def _evaluate(model: nn.Module, split: Samples, ctx: RankContext, batch_size: int) -> dict:
