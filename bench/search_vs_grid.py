@@ -220,7 +220,9 @@ def run_grid(root: Path, source: Path, epochs: int) -> Sweep:
     return read_sweep("grid", f"sqlite:///{project / 'mlflow.db'}", epochs, wall)
 
 
-def run_search(root: Path, source: Path, epochs: int, seed: int, n_trials: int) -> Sweep:
+def run_search(
+    root: Path, source: Path, epochs: int, seed: int, n_trials: int, budget_epochs: int | None
+) -> Sweep:
     project = root / f"search-{seed}"
     space = {k: {"choices": v} for k, v in SPACE.items()}
     space["seed"] = {"choices": [TRAIN_SEED]}  # the grid's weights; --seed seeds the sampler
@@ -236,8 +238,11 @@ def run_search(root: Path, source: Path, epochs: int, seed: int, n_trials: int) 
         str(MIN_EPOCHS),
         "--eta",
         str(ETA),
-        "--n-trials",
-        str(n_trials),
+        *(
+            ["--budget-epochs", str(budget_epochs)]  # the flow asks until it is spent
+            if budget_epochs
+            else ["--n-trials", str(n_trials)]
+        ),
         "--seed",
         str(seed),
     ]
@@ -395,6 +400,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, nargs="+", default=[0], help="sampler seeds")
     parser.add_argument("--names", type=int, default=4000, help="first names of the corpus")
     parser.add_argument("--n-trials", type=int, default=None, help="default: 2/5 of the grid")
+    parser.add_argument(
+        "--budget-epochs",
+        type=int,
+        default=None,
+        help="the search's budget in trial-epochs instead of --n-trials (not with --ray)",
+    )
     parser.add_argument("--ray", action="store_true", help="also Ray Tune's ASHA, per seed")
     parser.add_argument("--record", metavar="KEY", help="write entry KEY of results/latest.json")
     return parser.parse_args(argv)
@@ -402,11 +413,16 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(argv)
+    if args.budget_epochs and args.ray:
+        raise SystemExit(
+            "--ray compares equal numbers of trials: give --n-trials, not --budget-epochs"
+        )
     grid_size = math.prod(len(v) for v in SPACE.values())
     n_trials = args.n_trials or grid_size * 2 // 5
     load_before, started = load_average(), time.time()
     results: list[Result] = []
     raw: dict[str, Any] = {"space": SPACE, "n_trials": n_trials, "names": args.names}
+    raw["budget_epochs"] = args.budget_epochs
     with tempfile.TemporaryDirectory(prefix="ddpflow-search-bench-") as tmp:
         root = Path(tmp)
         source = write_corpus(root, args.names)
@@ -414,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
         raw["grid"] = sweep_entry(grid)
         print(f"grid: {raw['grid']}, load {load_average()}", flush=True)
         for seed in args.seed:
-            search = run_search(root, source, args.epochs, seed, n_trials)
+            search = run_search(root, source, args.epochs, seed, n_trials, args.budget_epochs)
             rows, reached = to_goal(search, grid, seed)
             results += rows
             raw[f"asha_seed_{seed}"] = {**sweep_entry(search), **reached}

@@ -136,15 +136,23 @@ def seed_torch(site_packages: Path) -> list[str]:
     return sorted(linked)
 
 
-def in_venv(python: Path, code: str, cwd: Path, timeout_s: float) -> str:
-    """Run `code` with the new environment's interpreter, outside the checkout: only what
-    the wheel installed (and the folder `cwd`) can be imported."""
-    env = {
+def outside_env() -> dict[str, str]:
+    """This process's environment without the project's settings and without PYTHONPATH:
+    a test before may have left the checkout there, and pip, seeing the checkout's
+    `ddpflow.egg-info` (the editable install's, same version as the wheel), then takes the
+    wheel for installed and installs nothing."""
+    return {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("DDPFLOW_", "MLFLOW_", "PREFECT_", "DASK_", "VIRTUAL_ENV"))
+        and key != "PYTHONPATH"
     }
-    env["PYTHONPATH"] = str(cwd)
+
+
+def in_venv(python: Path, code: str, cwd: Path, timeout_s: float) -> str:
+    """Run `code` with the new environment's interpreter, outside the checkout: only what
+    the wheel installed (and the folder `cwd`) can be imported."""
+    env = {**outside_env(), "PYTHONPATH": str(cwd)}
     result = subprocess.run(
         [str(python), "-c", code],
         cwd=cwd,
@@ -203,9 +211,12 @@ def test_the_wheel_without_extras_trains_on_dask_without_prefect_or_plots(
             text=True,
             timeout=900,
             check=False,
+            env=outside_env(),
         )
         assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-5000:]
-        check = subprocess.run([*pip, "check"], capture_output=True, text=True, check=False)
+        check = subprocess.run(
+            [*pip, "check"], capture_output=True, text=True, check=False, env=outside_env()
+        )
         assert check.returncode == 0, check.stdout + check.stderr
 
         run_folder = tmp_path / "run"
