@@ -15,9 +15,8 @@ from typing import Any
 import fsspec
 
 from ddpflow import storage
-from ddpflow.shards.shard_file import REFORMAT_HINT, ShardError, ShardInfo
+from ddpflow.shards.shard_file import REFORMAT_HINT, ShardError, ShardInfo, read_retried
 from ddpflow.storage.redact import redact_url
-from ddpflow.storage.retry import OutageTooLong, retry_for
 
 
 @dataclass(frozen=True)
@@ -103,18 +102,5 @@ def read_range(
             )
         return data
 
-    try:
-        return retry_for(
-            read,
-            what=f"reading bytes {part.start}-{part.end} of shard {uri}",
-            bound_s=bound_s,
-            hint="the store is unreachable; training resumes from its last checkpoint once "
-            "it answers (a restart), or raise the shard read bound",
-            on_wait=on_wait,
-        )
-    except FileNotFoundError as error:
-        raise ShardError(
-            f"shard {shown} is missing: it was deleted after formatting. {REFORMAT_HINT}"
-        ) from error
-    except OutageTooLong as error:
-        raise ShardError(f"shard {shown} could not be read: {error}") from error
+    what = f"reading bytes {part.start}-{part.end} of shard {uri}"
+    return read_retried(read, what, shown, bound_s, on_wait)

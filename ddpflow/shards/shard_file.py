@@ -19,6 +19,7 @@ import stat
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 from fsspec.implementations.local import LocalFileSystem
@@ -29,6 +30,7 @@ from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import OutageTooLong, retry_for
 
 SUFFIX = ".shard"
+T = TypeVar("T")
 LABEL_BYTES = 8
 # Memory a shard is read into: 1-D uint8, made with np.empty, so that its pages become
 # memory as bytes are written into them, not when it is made.
@@ -139,10 +141,24 @@ def read_shard(
         # 150-170 MiB/s against 90 for the capped reader's stat, open and 1 MiB reads.
         return fs.cat_file(path, start=0, end=info.nbytes + 1)
 
+    data = read_retried(read, f"reading shard {uri}", shown, bound_s, on_wait)
+    return decode_shard(data, info, record_shape, shown, labeled)
+
+
+def read_retried(
+    read: Callable[[], T],
+    what: str,
+    shown: str,
+    bound_s: float,
+    on_wait: Callable[[], None] | None,
+) -> T:
+    """`read()` retried while the store does not answer, for `bound_s`; ShardError naming
+    the shard (`shown`, its redacted URI) when it is missing or the bound runs out. The one
+    way every read of a shard (whole, or a range of it) meets the store."""
     try:
-        data = retry_for(
+        return retry_for(
             read,
-            what=f"reading shard {uri}",
+            what=what,
             bound_s=bound_s,
             hint="the store is unreachable; training resumes from its last checkpoint once "
             "it answers (a restart), or raise the shard read bound",
@@ -154,7 +170,6 @@ def read_shard(
         ) from error
     except OutageTooLong as error:
         raise ShardError(f"shard {shown} could not be read: {error}") from error
-    return decode_shard(data, info, record_shape, shown, labeled)
 
 
 def _read_local(
