@@ -20,6 +20,7 @@ from ddpflow.workloads.sweep.execute import TrialOutcome
 
 log = logging.getLogger(__name__)
 PROGRESS_KEY = "charlm-search-progress"
+MAX_REPEATS_IN_A_ROW = 50
 
 
 class SearchBoard:
@@ -36,6 +37,8 @@ class SearchBoard:
         self.n_trials, self.max_epochs = n_trials, max_epochs
         self.budget_epochs, self.spent_before, self.key = budget_epochs, spent_before, key
         self.running = self.completed = self.pruned = self.failed = 0
+        self.repeats = 0  # points asked again, told an earlier trial's result
+        self.repeats_in_a_row = 0  # since the last trial that trained
         self.trial_epochs = 0  # this run's finished trials'
         self._live: dict[int, int] = {}  # running trial -> epochs it finished so far
         self._lock = threading.Lock()
@@ -59,6 +62,7 @@ class SearchBoard:
         with self._lock:
             self.running += 1
             self._live[number] = 0
+            self.repeats_in_a_row = 0
 
     def epoch_done(self, number: int, epoch: int) -> None:
         """A running trial finished `epoch` (the referee judged it): it counts as spent."""
@@ -82,9 +86,18 @@ class SearchBoard:
         self._push(percent, line)
         return line
 
+    def repeated(self) -> str:
+        """Count a trial told an earlier trial's result (no epochs); the progress line."""
+        with self._lock:
+            self.repeats += 1
+            self.repeats_in_a_row += 1
+            line, percent = self.line(), self._percent()
+        self._push(percent, line)
+        return line
+
     @property
     def done(self) -> int:
-        return self.completed + self.pruned + self.failed
+        return self.completed + self.pruned + self.failed + self.repeats
 
     @property
     def spent(self) -> int:
@@ -94,6 +107,16 @@ class SearchBoard:
 
     def _spent(self) -> int:  # lock held
         return self.spent_before + self.trial_epochs + sum(self._live.values())
+
+    def sampler_exhausted(self) -> bool:
+        """The sampler asked only points already trained, MAX_REPEATS_IN_A_ROW times in a row:
+        a discrete space it has covered, or one it has converged on. Asking on would only
+        count repeats up to n_trials."""
+        with self._lock:
+            return self.repeats_in_a_row >= MAX_REPEATS_IN_A_ROW
+
+    def _trained(self) -> int:
+        return self.completed + self.pruned + self.failed
 
     def budget_reached(self) -> bool:
         return self.budget_epochs is not None and self.spent >= self.budget_epochs
@@ -114,9 +137,9 @@ class SearchBoard:
         )
         return (
             f"search: {self.done}/{self.n_trials} trials done ({self.completed} completed, "
-            f"{self.pruned} pruned, {self.failed} failed), {self.running} running; "
-            f"{spent} trial-epochs spent{budget} (the trials done, each trained to "
-            f"{self.max_epochs} epochs as in a grid: {self.done * self.max_epochs})"
+            f"{self.pruned} pruned, {self.failed} failed, {self.repeats} repeated points), "
+            f"{self.running} running; {spent} trial-epochs spent{budget} (the trials trained, "
+            f"each to {self.max_epochs} epochs as in a grid: {self._trained() * self.max_epochs})"
         )
 
     def _push(self, percent: float, line: str) -> None:

@@ -9,6 +9,8 @@ the same study name:
 - a trial that was RUNNING when the process died is marked FAIL and listed in the study's
   user attribute `ddpflow_interrupted`, its child run ends KILLED with `ddpflow.trial_state`
   INTERRUPTED, and its parameters are enqueued, so the next ask trains them again;
+- a trial that repeated an earlier point (told its result, flows.search.run) counts as asked
+  and has no outcome of its own: the earlier trial's stands for both;
 - the budget counts the finished trials: `n_trials` is the study's total, not this run's,
   and `budget_epochs` counts the kept trials' epochs (`spent_epochs`) as spent.
 
@@ -28,6 +30,7 @@ from optuna.trial import FrozenTrial, TrialState
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.sweep.config import CHARLM_FIELDS, TrialFields, validate_trial
 from ddpflow.workloads.sweep.execute import TrialOutcome, partial_history
+from flows.search.study import REPEAT_OF_ATTR
 
 INTERRUPTED_ATTR = "ddpflow_interrupted"  # the study's: numbers of interrupted trials
 REASKED_ATTR = "ddpflow_reasked_from"
@@ -92,10 +95,13 @@ def kept_outcomes(
     tracking_uri: str,
     trial_fields: TrialFields = CHARLM_FIELDS,
 ) -> list[TrialOutcome]:
-    """The finished trials of earlier flow runs, as outcomes of this one (no training)."""
+    """The finished trials of earlier flow runs, as outcomes of this one (no training); a
+    repeat has none (its twin's outcome is kept)."""
     outcomes = []
     for trial in resumed.kept:
         attrs: dict[str, Any] = dict(trial.user_attrs)
+        if REPEAT_OF_ATTR in attrs:
+            continue
         run_id = str(attrs.get(RUN_ID_ATTR, ""))
         history = partial_history(RunRef(tracking_uri, run_id)) if run_id else []
         pruned_at = attrs.get(PRUNED_AT_ATTR)

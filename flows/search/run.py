@@ -10,6 +10,12 @@ comes first stops the asking, and the trials running then go on to their end. Th
 synchronous rung: a trial the pruner stops frees its workers at once and the next trial
 starts there while the others go on.
 
+A point the study asks again (a sampler over choices does) after a trial trained it to its end
+or its rung is not trained again: the trial is told the earlier trial's result (study
+attribute `ddpflow_repeat_of`), spends no epochs, has no child run and counts as asked. After
+MAX_REPEATS_IN_A_ROW such asks in a row (a discrete space the sampler has covered or converged
+on) the search asks no more.
+
 A trial ends COMPLETE (trained all its epochs), PRUNED (stopped after the epoch named in
 `ddpflow.pruned_at_epoch`) or FAILED (it crashed: the study is told FAIL and the search goes
 on); the child run's tag `ddpflow.trial_state` says which.
@@ -39,7 +45,7 @@ from ddpflow.workloads.sweep.pruning import DEFAULT_WAIT_S, Verdicts
 from ddpflow.workloads.sweep.report import REPORT_DIR, table_rows
 from ddpflow.workloads.sweep.space import SearchSpace, epochs_range
 from ddpflow.workloads.sweep.trial import TrialJob
-from flows.search.board import PROGRESS_KEY, SearchBoard
+from flows.search.board import MAX_REPEATS_IN_A_ROW, PROGRESS_KEY, SearchBoard
 from flows.search.plots import study_pngs
 from flows.search.referee import Referee
 from flows.search.resume import (
@@ -100,6 +106,7 @@ def run_search(
     board.open()
     asked = already_done
     asked_lock = threading.Lock()
+    exhausted = threading.Event()
     sweep_id = uuid.uuid4().hex[:12]
 
     def next_trial() -> bool:
@@ -107,11 +114,29 @@ def run_search(
         with asked_lock:
             if asked >= n_trials or board.budget_reached():
                 return False
+            if board.sampler_exhausted():
+                if not exhausted.is_set():
+                    exhausted.set()
+                    print(
+                        f"search: the sampler asked {MAX_REPEATS_IN_A_ROW} points in a row that "
+                        "earlier trials trained: no trial is asked after it"
+                    )
+                return False
             asked += 1
             return True
 
-    def one(trial: optuna.Trial, values: dict[str, Any], workers: list[str]) -> TrialOutcome:
+    def one(trial: optuna.Trial, values: dict[str, Any], workers: list[str]) -> TrialOutcome | None:
         spec = validate_trial(trial.number, {**defaults, **values}, setup.fields)
+        twin = desk.finished_twin(trial, values) if spec.config is not None else None
+        if twin is not None:  # asked again: told the earlier result, nothing trained
+            desk.tell_repeat(trial, twin)
+            line = board.repeated()
+            print(
+                f"trial {trial.number} asks trial {twin.number}'s point again "
+                f"({spec.config.label() if spec.config else values}): told its "
+                f"{twin.state.name} result without training; {line}"
+            )
+            return None
         # Tagged at the start: a resume finds the runs that a dead flow process left RUNNING.
         tags = {**setup.tags, STUDY_TAG: desk.study.study_name, TRIAL_TAG: str(trial.number)}
         trial_setup = replace(setup, tags=tags)
@@ -154,7 +179,9 @@ def run_search(
                 if not next_trial():
                     return outcomes
                 trial, values = desk.ask()
-                outcomes.append(one(trial, values, workers))
+                outcome = one(trial, values, workers)
+                if outcome is not None:
+                    outcomes.append(outcome)
 
     num_threads = max(1, min(n_trials, slots.max_concurrent(ranks_per_trial)))
     with ThreadPoolExecutor(num_threads, thread_name_prefix="ddpflow-search") as pool:
@@ -236,13 +263,16 @@ def log_study(
     budget_epochs: int | None = None,
 ) -> None:
     """The study in the parent run: best value and params, states, trial-epochs (a resumed
-    study's kept trials' too) and the share of the budget they are, the table."""
+    study's kept trials' too) and the share of the budget they are, the table, the trials
+    that repeated an earlier point."""
     logger = MlflowLogger(parent)
     spent = sum(len(o.history) for o in outcomes)
     counts = {s: sum(state_of(o) == s for o in outcomes) for s in ("COMPLETE", "PRUNED", "FAILED")}
+    repeats = desk.repeats()
     metrics: dict[str, float] = {
         "trial_epochs": spent,
         **{f"num_trials_{k.lower()}": v for k, v in counts.items()},
+        "num_trials_repeated": len(repeats),
     }
     if budget_epochs is not None:
         metrics["budget_used"] = spent / budget_epochs  # above 1: the trials running at the end
@@ -256,6 +286,8 @@ def log_study(
         "budget_epochs": budget_epochs,
         "best": None if best is None else {"number": best[0], "value": best[1], "params": best[2]},
         "trials": search_rows(outcomes),
+        # Points asked again: each trial told the result of the earlier one, untrained.
+        "repeats": [{"trial": n, "repeat_of": of} for n, of in sorted(repeats.items())],
     }
     files = {"study.json": json.dumps(study, indent=2).encode(), **study_pngs(desk.study)}
     log_files(parent, files, REPORT_DIR)

@@ -19,7 +19,11 @@ import optuna
 from ddpflow.workloads.sweep.space import Choices, SearchSpace, grid_of
 
 SamplerName = Literal["tpe", "random", "grid"]
+REPEAT_OF_ATTR = "ddpflow_repeat_of"  # a trial told an earlier trial's result: its number
 PrunerName = Literal["asha", "hyperband", "none"]
+
+
+_TRAINED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
 
 
 class AskTellGridSampler(optuna.samplers.GridSampler):
@@ -140,12 +144,54 @@ class StudyDesk:
         with self._lock:
             self.study.tell(trial, value, state=state)
 
-    def best(self) -> tuple[int, float, Mapping[str, Any]] | None:
-        """(trial number, value, params) of the best completed trial, or None."""
+    def finished_twin(
+        self, trial: optuna.Trial, values: Mapping[str, Any]
+    ) -> optuna.trial.FrozenTrial | None:
+        """The first trial that trained these values to its end or its rung (COMPLETE or
+        PRUNED), if any: a sampler over choices asks a point again, and training it again
+        would spend its epochs on the same losses (the trials train with one seed)."""
         with self._lock:
-            done = self.study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+            for earlier in self.study.get_trials(deepcopy=False, states=_TRAINED):
+                original = REPEAT_OF_ATTR not in earlier.user_attrs
+                if original and earlier.number != trial.number and earlier.params == values:
+                    return earlier
+            return None
+
+    def tell_repeat(self, trial: optuna.Trial, twin: optuna.trial.FrozenTrial) -> None:
+        """End `trial` as its twin ended, without training: COMPLETE with the twin's value,
+        or PRUNED at the twin's last reported epoch. Its epochs are not reported to the pruner
+        (its rungs already hold the twin's), only to the trial, so the sampler sees it."""
+        with self._lock:
+            trial.set_user_attr(REPEAT_OF_ATTR, twin.number)
+            if twin.state is optuna.trial.TrialState.COMPLETE:
+                self.study.tell(trial, twin.value, state=optuna.trial.TrialState.COMPLETE)
+                return
+            for epoch, value in sorted(twin.intermediate_values.items()):
+                trial.report(value, epoch)
+            self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+
+    def repeats(self) -> dict[int, int]:
+        """Trial number -> the number of the earlier trial whose result it was told."""
+        with self._lock:
+            return {
+                t.number: int(t.user_attrs[REPEAT_OF_ATTR])
+                for t in self.study.get_trials(deepcopy=False)
+                if REPEAT_OF_ATTR in t.user_attrs
+            }
+
+    def best(self) -> tuple[int, float, Mapping[str, Any]] | None:
+        """(trial number, value, params) of the best completed trial that trained (a repeat
+        told its twin's value is not a model), the first of equals; or None."""
+        with self._lock:
+            done = [
+                t
+                for t in self.study.get_trials(
+                    deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)
+                )
+                if REPEAT_OF_ATTR not in t.user_attrs and t.value is not None
+            ]
             if not done:
                 return None
-            top = self.study.best_trial
+            top = min(done, key=lambda t: (t.value, t.number))
             assert top.value is not None
             return top.number, top.value, dict(top.params)

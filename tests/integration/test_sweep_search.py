@@ -41,7 +41,9 @@ pytestmark = pytest.mark.integration
 EXPERIMENT = "search-test"
 MODEL = "search-test-model"
 N_TRIALS, EPOCHS, ETA = 6, 4, 2
-SPACE = {"lr": {"choices": [FAULTY_LR, 0.0003, 0.003, 0.03]}}
+# Eight values, and a seed whose six trials ask six of them: a point asked again is told the
+# earlier trial's result without training (flows.search.run), and here every trial trains.
+SPACE = {"lr": {"choices": [FAULTY_LR, 0.0001, 0.0003, 0.001, 0.002, 0.003, 0.01, 0.03]}}
 # From the end of a pruned trial's rung epoch to the next trial's first step on its worker:
 # the flow ends the run, tells the study, asks the next trial, opens its run and launches it.
 NEXT_TRIAL_WITHIN_S = 20.0
@@ -55,11 +57,11 @@ def first_lrs(sampler: Any, seed: int, space: dict, n: int) -> list[float]:
 
 
 def crash_once_seed() -> int:
-    """A seed whose first trials hold FAULTY_LR once, as the second or third (trials are asked
-    after it)."""
-    for seed in range(100):
+    """A seed whose first trials ask distinct points, FAULTY_LR as the second or third (trials
+    are asked after it). TPE samples its first ten trials at random, whatever was told."""
+    for seed in range(2000):
         lrs = first_lrs("tpe", seed, SPACE, N_TRIALS)
-        if lrs.count(FAULTY_LR) == 1 and lrs.index(FAULTY_LR) in (1, 2):
+        if len(set(lrs)) == N_TRIALS and FAULTY_LR in lrs[1:3]:
             return seed
     raise AssertionError("no seed samples the crash once")
 
@@ -204,7 +206,6 @@ def test_the_parent_run_holds_the_best_trial_and_it_is_registered(searched) -> N
         r for r in searched["children"].values() if r.data.tags["ddpflow.trial_state"] == "COMPLETE"
     ]
     lowest = min(r.data.metrics["final_val_loss"] for r in complete)
-    # Two trials of the same sampled lr train the same model: either may be the best.
     (best,) = [r for r in complete if r.info.run_id == parent.data.tags["ddpflow.best_run_id"]]
     assert best.data.metrics["final_val_loss"] == lowest
     assert parent.data.metrics["best_value"] == pytest.approx(best.data.metrics["final_val_loss"])
@@ -271,7 +272,8 @@ def test_a_trial_of_two_ranks_is_pruned_on_both(flow_services, monkeypatch, tmp_
     assert len(pruned.data.tags["ddpflow.workers"].split()) == 2
 
 
-RESUME_SPACE = {"lr": {"choices": [0.03, 0.01, 0.003, 0.001]}}
+# A range: no point is asked twice, so every trial asked trains (and has a child run).
+RESUME_SPACE = {"lr": {"low": 0.001, "high": 0.03, "log": True}}
 
 
 def _first_complete_trial(project: Path, timeout_s: float) -> None:

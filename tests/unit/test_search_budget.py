@@ -102,7 +102,7 @@ def test_without_a_budget_the_board_never_stops_the_asking() -> None:
     for epoch in range(1, 5):
         board.epoch_done(0, epoch)
     assert not board.budget_reached()
-    assert "trial-epochs spent (the trials done" in board.ended(0, outcome(0, epochs=4))
+    assert "trial-epochs spent (the trials trained" in board.ended(0, outcome(0, epochs=4))
     assert board._percent() == 25.0
 
 
