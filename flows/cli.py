@@ -116,6 +116,7 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
     "data": (
         "source", "holdout_fraction", "val_fraction", "image_size", "resize", "augment",
         "max_bad_fraction", "max_image_mb", "data_layout", "stream_above_mb", "shard_mb",
+        "shard_encoding", "jpeg_quality",
     ),
     "model": ("arch", "weights", "freeze_backbone", "hidden_size", "num_layers", "dropout"),
     "training": (

@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 from ddpflow import param_types as t
 from ddpflow.checkpoint.steps import DEFAULT_CHECKPOINT_EVERY_S
 from ddpflow.distributed.supervisor.relaunch import check_world_bounds
+from ddpflow.shards.encoding import DEFAULT_JPEG_QUALITY, MAX_JPEG_QUALITY, MIN_JPEG_QUALITY
 from ddpflow.storage.redact import has_credentials, redact_text, redact_url
 from ddpflow.training.batching import check_global_batch_fits
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
@@ -255,7 +256,16 @@ class _Images(_Params):  # an image classifier and its data: a training's and a 
 
 
 class ImageTraining(_Images, _Training):  # what every image training takes
-    pass
+    # How the shards of data_layout shards hold the images (docs/data.md, measured there).
+    shard_encoding: Literal["raw", "jpeg"] = Field(
+        "raw", description="how shards hold images: raw pixels, or jpeg decoded on the rank"
+    )
+    jpeg_quality: int = Field(
+        DEFAULT_JPEG_QUALITY,
+        ge=MIN_JPEG_QUALITY,
+        le=MAX_JPEG_QUALITY,
+        description="quality of jpeg shards' images",
+    )
 
 
 class ImageParams(GroupParams, ImageTraining):  # train-images'

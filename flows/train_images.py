@@ -20,6 +20,7 @@ from prefect import flow, unmapped
 from ddpflow import storage
 from ddpflow.config import LaunchSettings, Settings
 from ddpflow.integrations.prefect.task_runner import dask_task_runner
+from ddpflow.shards.encoding import ShardEncoding
 from ddpflow.shards.index import is_index_uri
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.inspection import DatasetRef
@@ -179,6 +180,7 @@ def _format_as_shards(
         params.seed,
         params.max_image_mb,
         params.shard_mb,
+        ShardEncoding(params.shard_encoding, params.jpeg_quality),
     ).result()
     if params.data_layout == "auto" and plan.formatted_mb <= params.stream_above_mb:
         return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 
+from ddpflow.shards.encoding import RAW, ShardEncoding
 from ddpflow.storage.redact import redact_url
 from ddpflow.tracking.loggers import RunRef
 from ddpflow.workloads.vision.data import FormattedImages, ImageSpec, format_image_folder
@@ -85,9 +86,13 @@ def plan_image_shards(
     seed: int,
     max_image_mb: float,
     shard_mb: float,
+    encoding: ShardEncoding = RAW,
 ) -> ShardPlan:
-    """List and split the folder and cut it into chunks, one shard each (shard_format)."""
-    return plan_shards(source, artifact_root, spec, val_fraction, seed, max_image_mb, shard_mb)
+    """List and split the folder and cut it into chunks, one shard each (shard_format),
+    written in `encoding`."""
+    return plan_shards(
+        source, artifact_root, spec, val_fraction, seed, max_image_mb, shard_mb, encoding
+    )
 
 
 @task(name="reuse-image-shards")

@@ -12,6 +12,10 @@ writer's form, so no path leaves the shards folder; shapes and counts that agree
 listed bytes; caps per shard and per split), and a stream compares the listed sizes with
 the stored ones before it plans an epoch (`check_stored_sizes`). A forged index is a
 ShardError naming the index and the field, never memory allocated on its word.
+
+The index names the split's encoding (ddpflow.shards.encoding) when it is not raw:
+`"encoding": {"kind": "jpeg", "quality": 90}`. An index without the field is raw, and a raw
+index is written without it, byte for byte as before there was a choice.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Any
 import numpy as np
 
 from ddpflow import storage
-from ddpflow.shards.shard_file import LABEL_BYTES, REFORMAT_HINT, ShardError, ShardInfo, write_shard
+from ddpflow.shards.encoding import KINDS, RAW, ShardEncoding
+from ddpflow.shards.records import LABEL_BYTES, min_shard_bytes
+from ddpflow.shards.shard_file import REFORMAT_HINT, ShardError, ShardInfo, write_shard
 from ddpflow.storage.redact import redact_url
 
 INDEX_SUFFIX = ".shards.json"
@@ -51,6 +57,8 @@ class ShardIndex:
     record_shape: tuple[int, ...]
     shards: tuple[ShardInfo, ...]
     labeled: bool = True  # False: records alone (their targets are part of them)
+    # How each shard holds its records; record_shape is a record's shape once decoded.
+    encoding: ShardEncoding = RAW
 
     def __len__(self) -> int:
         return sum(s.count for s in self.shards)
@@ -63,14 +71,15 @@ class ShardIndex:
         return storage.join(self.folder, shard.name)
 
     def to_json(self) -> bytes:
-        return json.dumps(
-            {
-                "version": INDEX_VERSION,
-                "record_shape": list(self.record_shape),
-                "labeled": self.labeled,
-                "shards": [s.to_dict() for s in self.shards],
-            }
-        ).encode()
+        data: dict[str, Any] = {
+            "version": INDEX_VERSION,
+            "record_shape": list(self.record_shape),
+            "labeled": self.labeled,
+        }
+        if not self.encoding.raw:  # a raw index stays what it was before encodings
+            data["encoding"] = self.encoding.to_dict()
+        data["shards"] = [s.to_dict() for s in self.shards]
+        return json.dumps(data).encode()
 
 
 def is_index_uri(uri: str) -> bool:
@@ -84,10 +93,15 @@ def shards_folder(index_uri: str) -> str:
 
 
 def write_index(
-    uri: str, record_shape: tuple[int, ...], shards: tuple[ShardInfo, ...], labeled: bool = True
+    uri: str,
+    record_shape: tuple[int, ...],
+    shards: tuple[ShardInfo, ...],
+    labeled: bool = True,
+    encoding: ShardEncoding = RAW,
 ) -> ShardIndex:
-    """Write the index of `shards` (written already, in shards_folder(uri)) at `uri`."""
-    index = ShardIndex(shards_folder(uri), tuple(record_shape), tuple(shards), labeled)
+    """Write the index of `shards` (written already, in shards_folder(uri), in `encoding`)
+    at `uri`."""
+    index = ShardIndex(shards_folder(uri), tuple(record_shape), tuple(shards), labeled, encoding)
     storage.write_bytes(uri, index.to_json())
     return index
 
@@ -134,6 +148,7 @@ def _checked(data: dict, uri: str) -> ShardIndex:
     per_record = math.prod(record_shape) + (LABEL_BYTES if labeled else 0)
     if per_record > MAX_SHARD_BYTES:
         raise _refuse(uri, "record_shape", f"makes records of {per_record} bytes")
+    encoding = _encoding(data.get("encoding"), uri, record_shape)
     entries = data.get("shards")
     if not isinstance(entries, list):
         raise _refuse(uri, "shards", "is not a list")
@@ -147,16 +162,37 @@ def _checked(data: dict, uri: str) -> ShardIndex:
             raise _refuse(uri, f"{field}.name", f"{name!r} is not a shard name (32 hex digits)")
         count = _count(entry.get("count"), uri, f"{field}.count", 1, MAX_SPLIT_SAMPLES)
         nbytes = _count(entry.get("nbytes"), uri, f"{field}.nbytes", 1, MAX_SHARD_BYTES)
-        if count * per_record != nbytes:
+        if encoding.raw and count * per_record != nbytes:
             raise _refuse(
                 uri, f"{field}.nbytes", f"is {nbytes}, not {count} records of {per_record} bytes"
+            )
+        if not encoding.raw and nbytes < min_shard_bytes(count, labeled):
+            # Encoded records vary in size, but each takes a byte and its table entries: the
+            # counts that size a stream's order stay tied to stored bytes.
+            raise _refuse(
+                uri, f"{field}.nbytes", f"is {nbytes}, too few for {count} encoded records"
             )
         crc32 = _count(entry.get("crc32"), uri, f"{field}.crc32", 0, 2**32 - 1)
         total += count
         if total > MAX_SPLIT_SAMPLES:
             raise _refuse(uri, "shards", f"list over {MAX_SPLIT_SAMPLES} samples")
         shards.append(ShardInfo(name, count, nbytes, crc32))
-    return ShardIndex(shards_folder(uri), record_shape, tuple(shards), labeled)
+    return ShardIndex(shards_folder(uri), record_shape, tuple(shards), labeled, encoding)
+
+
+def _encoding(value: Any, uri: str, record_shape: tuple[int, ...]) -> ShardEncoding:
+    """The index's encoding field checked (absent: raw, as indexes before encodings)."""
+    if value is None:
+        return RAW
+    if not isinstance(value, dict) or value.get("kind") not in KINDS:
+        raise _refuse(uri, "encoding", f"is {value!r:.80}, not one of {', '.join(KINDS)}")
+    try:
+        encoding = ShardEncoding(value["kind"], value.get("quality", RAW.quality))
+    except ValueError as error:
+        raise _refuse(uri, "encoding", str(error)) from None
+    if encoding.kind == "jpeg" and (len(record_shape) != 3 or record_shape[0] != 3):
+        raise _refuse(uri, "record_shape", f"is {list(record_shape)}, not an RGB image's [3, H, W]")
+    return encoding
 
 
 def check_stored_sizes(index: ShardIndex) -> None:
@@ -184,11 +220,15 @@ def check_stored_sizes(index: ShardIndex) -> None:
 
 
 def write_records(
-    uri: str, records: np.ndarray, labels: Sequence[int] | None, per_shard: int
+    uri: str,
+    records: np.ndarray,
+    labels: Sequence[int] | None,
+    per_shard: int,
+    encoding: ShardEncoding = RAW,
 ) -> ShardIndex:
-    """`records` (uint8 [n, ...]) and their labels (None: records alone) as shards of
-    `per_shard` records, in order, then their index at `uri` (last): a split ready to
-    stream."""
+    """`records` (uint8 [n, ...]; for jpeg, images [n, 3, H, W]) and their labels (None:
+    records alone) as shards of `per_shard` records in `encoding`, in order, then their
+    index at `uri` (last): a split ready to stream."""
     if per_shard < 1:
         raise ValueError(f"per_shard={per_shard} must be >= 1 record")
     folder = shards_folder(uri)
@@ -197,10 +237,11 @@ def write_records(
             folder,
             records[lo : lo + per_shard],
             None if labels is None else labels[lo : lo + per_shard],
+            encoding,
         )
         for lo in range(0, len(records), per_shard)
     )
-    return write_index(uri, tuple(records.shape[1:]), shards, labels is not None)
+    return write_index(uri, tuple(records.shape[1:]), shards, labels is not None, encoding)
 
 
 def shards_present(*index_uris: str) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 
 from ddpflow.shards.index import ShardIndex
 from ddpflow.shards.range_read import ShardRange, read_range, shard_ranges
-from ddpflow.shards.shard_file import Buffer, decode_shard
+from ddpflow.shards.shard_file import Buffer, Records, decode_shard
 from ddpflow.storage.redact import redact_url
 
 
@@ -47,7 +47,7 @@ class EpochSink(Protocol):
         self,
         run: int,
         shard: int,
-        records: np.ndarray,
+        records: Records,
         labels: np.ndarray | None,
         buffer: Buffer,
     ) -> None: ...
@@ -209,7 +209,12 @@ class ParallelReads:
         try:
             view = assembly.buffer.data[: info.nbytes]
             records, labels = decode_shard(
-                view, info, self.index.record_shape, redact_url(uri), self.index.labeled
+                view,
+                info,
+                self.index.record_shape,
+                redact_url(uri),
+                self.index.labeled,
+                self.index.encoding,
             )
         except BaseException as error:  # noqa: BLE001 - handed to the batch that needs it
             with self._changed:

@@ -1,9 +1,12 @@
-"""One shard: fixed-size uint8 records and their int64 labels, named by their content digest.
+"""One shard: uint8 records and their int64 labels, named by their content digest.
 
-The layout is the records (count x record bytes) followed by the labels (count x 8 bytes,
-little-endian), or the records alone for data whose targets are in the record (the
-char-LM's windows; the index says which): a reader slices it with numpy, no parsing, no
-per-sample objects. Its length
+A raw shard (the default encoding) is the records (count x record bytes) followed by the
+labels (count x 8 bytes, little-endian), or the records alone for data whose targets are in
+the record (the char-LM's windows; the index says which): a reader slices it with numpy, no
+parsing, no per-sample objects. A jpeg shard holds each image record compressed on its own,
+variable in length (ddpflow.shards.records: the records, an offsets table, the labels); the
+index names the encoding (ddpflow.shards.encoding), and the rank decodes the records its
+batches take (ddpflow.shards.decoding). Either way its length
 and CRC-32 are kept in the index, so a truncated or rewritten shard is caught when it is read,
 before any of its samples reaches a training step. The name is the SHA-256 of the content, so
 the same records write the same shard on any worker, and a shard is never overwritten by
@@ -25,16 +28,20 @@ import numpy as np
 from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
+from ddpflow.shards.encoding import RAW, ShardEncoding
+from ddpflow.shards.records import LABEL_BYTES, EncodedRecords, pack_records, unpack_records
 from ddpflow.shards.settings import DEFAULT_READ_BOUND_S
 from ddpflow.storage.redact import redact_url
 from ddpflow.storage.retry import OutageTooLong, retry_for
 
 SUFFIX = ".shard"
 T = TypeVar("T")
-LABEL_BYTES = 8
 # Memory a shard is read into: 1-D uint8, made with np.empty, so that its pages become
 # memory as bytes are written into them, not when it is made.
 Buffer = np.ndarray
+# A shard's records as a reader gets them: uint8 [count, *record_shape] for a raw shard, the
+# encoded records of a compressed one.
+Records = np.ndarray | EncodedRecords
 
 
 class ShardError(RuntimeError):
@@ -59,16 +66,22 @@ class ShardInfo:
 
 
 def encode_shard(
-    records: np.ndarray, labels: Sequence[int] | None = None
+    records: np.ndarray, labels: Sequence[int] | None = None, encoding: ShardEncoding = RAW
 ) -> tuple[ShardInfo, bytes]:
-    """(info, bytes) of a shard holding `records` (uint8 [n, ...]) and their labels, if any."""
+    """(info, bytes) of a shard holding `records` (uint8 [n, ...]; for jpeg, images
+    [n, 3, H, W]) and their labels, if any, in `encoding`."""
     if records.dtype != np.uint8:
         raise ValueError(f"shard records must be uint8, got {records.dtype}")
-    data = np.ascontiguousarray(records).tobytes()
-    if labels is not None:
-        if len(records) != len(labels):
-            raise ValueError(f"{len(records)} records but {len(labels)} labels")
-        data += np.asarray(labels, "<i8").tobytes()
+    if labels is not None and len(records) != len(labels):
+        raise ValueError(f"{len(records)} records but {len(labels)} labels")
+    if encoding.raw:
+        data = np.ascontiguousarray(records).tobytes()
+        if labels is not None:
+            data += np.asarray(labels, "<i8").tobytes()
+    else:
+        from ddpflow.shards.jpeg import encode_images  # torch: on the worker that formats
+
+        data = pack_records(encode_images(records, encoding.quality), labels)
     name = hashlib.sha256(data).hexdigest()[:32] + SUFFIX
     return ShardInfo(name, len(records), len(data), zlib.crc32(data)), data
 
@@ -79,9 +92,11 @@ def decode_shard(
     record_shape: tuple[int, ...],
     shown: str,
     labeled: bool = True,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """(records [count, *record_shape] uint8, labels [count] int64 or None), views of
-    `data`; ShardError naming `shown` when the bytes are not the shard the index lists."""
+    encoding: ShardEncoding = RAW,
+) -> tuple[Records, np.ndarray | None]:
+    """(records, labels [count] int64 or None), views of `data`: raw records as uint8
+    [count, *record_shape], others as their encoded bytes (the rank decodes those a batch
+    takes); ShardError naming `shown` when the bytes are not the shard the index lists."""
     if len(data) != info.nbytes:
         raise ShardError(
             f"shard {shown} has {len(data)} bytes, but the index lists {info.nbytes}: it was "
@@ -92,6 +107,14 @@ def decode_shard(
             f"shard {shown} does not match its CRC-32 in the index: its bytes changed after "
             f"formatting (a corrupt copy or disk). {REFORMAT_HINT}"
         )
+    if not encoding.raw:
+        unpacked = unpack_records(data, info.count, labeled)
+        if isinstance(unpacked, str):
+            raise ShardError(
+                f"{encoding.kind} shard {shown} does not hold {info.count} records as the "
+                f"index lists: {unpacked}. {REFORMAT_HINT}"
+            )
+        return unpacked
     record_bytes = math.prod(record_shape)
     if info.count * (record_bytes + (LABEL_BYTES if labeled else 0)) != info.nbytes:
         raise ShardError(
@@ -121,7 +144,8 @@ def read_shard(
     on_wait: Callable[[], None] | None = None,
     buffer: Buffer | Callable[[int], Buffer] | None = None,
     labeled: bool = True,
-) -> tuple[np.ndarray, np.ndarray | None]:
+    encoding: ShardEncoding = RAW,
+) -> tuple[Records, np.ndarray | None]:
     """Read and check one shard, retrying a store that does not answer for `bound_s`.
 
     `buffer` (at least info.nbytes), or a function that gives one of a size, called only
@@ -142,7 +166,7 @@ def read_shard(
         return fs.cat_file(path, start=0, end=info.nbytes + 1)
 
     data = read_retried(read, f"reading shard {uri}", shown, bound_s, on_wait)
-    return decode_shard(data, info, record_shape, shown, labeled)
+    return decode_shard(data, info, record_shape, shown, labeled, encoding)
 
 
 def read_retried(
@@ -199,11 +223,16 @@ def _read_local(
     return view
 
 
-def write_shard(folder: str, records: np.ndarray, labels: Sequence[int] | None = None) -> ShardInfo:
-    """Write the shard of `records` and `labels` (None: records alone) into `folder`
-    (atomically, storage.write_bytes) unless a shard of the same content is there already;
-    its info for the index."""
-    info, data = encode_shard(records, labels)
+def write_shard(
+    folder: str,
+    records: np.ndarray,
+    labels: Sequence[int] | None = None,
+    encoding: ShardEncoding = RAW,
+) -> ShardInfo:
+    """Write the shard of `records` and `labels` (None: records alone) in `encoding` into
+    `folder` (atomically, storage.write_bytes) unless a shard of the same content is there
+    already; its info for the index."""
+    info, data = encode_shard(records, labels, encoding)
     uri = storage.join(folder, info.name)
     fs, path = storage.url_to_fs(uri)
     try:

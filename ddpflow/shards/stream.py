@@ -12,6 +12,14 @@ a bounded read-ahead, whatever the size of the dataset.
 
 Any other access (validation reads its part in index order) goes through a small
 least-recently-used set of shards, read when asked.
+
+A compressed (jpeg) split's shards hold encoded records: each planned batch is decoded on
+the stream's decoding pool (ddpflow.shards.decoding), `decode_ahead` batches ahead of the one
+in use, so the training thread takes batches already decoded while the pool works on the
+next ones. A decode waits for its batch's shards like the batch would, copies its records
+out under the stream's lock (a dropped shard's buffer is reused), and is given up when its
+batch is skipped or its epoch replaced. The order, the samples of each batch and what
+they are augmented with do not depend on the encoding.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from functools import partial
 
@@ -28,11 +38,15 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from ddpflow import storage
+from ddpflow.shards.decoding import RecordAt, RecordDecoder
 from ddpflow.shards.index import ShardIndex, check_stored_sizes
 from ddpflow.shards.order import window_order
 from ddpflow.shards.parallel_reads import ParallelReads
+from ddpflow.shards.records import EncodedRecords
 from ddpflow.shards.settings import (
     DEFAULT_CHUNK_BYTES,
+    DEFAULT_DECODE_AHEAD,
+    DEFAULT_DECODE_THREADS,
     DEFAULT_MAX_BYTES_IN_FLIGHT,
     DEFAULT_PREFETCH,
     DEFAULT_READ_BOUND_S,
@@ -40,7 +54,8 @@ from ddpflow.shards.settings import (
     DEFAULT_WINDOW,
     StreamSettings,
 )
-from ddpflow.shards.shard_file import Buffer, read_shard
+from ddpflow.shards.shard_file import Buffer, Records, read_shard
+from ddpflow.storage.redact import redact_url
 from ddpflow.training.samples import Batch, ToBatch
 
 log = logging.getLogger(__name__)
@@ -57,13 +72,18 @@ class _Held:
     """A shard in memory: views of its bytes, and the buffer they are in (reused once the
     shard is dropped; None: bytes of their own)."""
 
-    records: np.ndarray
+    records: Records  # uint8 [count, *shape], or a compressed shard's encoded records
     labels: np.ndarray | None  # None: an index of records alone
     buffer: Buffer | None
 
 
 class ShardStream:
-    """The samples of a ShardIndex, read shard by shard as the rank's batches need them."""
+    """The samples of a ShardIndex, read shard by shard as the rank's batches need them.
+
+    A compressed split's batches are decoded by `decode_threads` threads, up to
+    `decode_ahead` batches ahead of the one in use; with `decode_device` a CUDA device they
+    are decoded there, in one nvJPEG call a batch, and its images come back on that device
+    (its labels on the CPU). A raw split ignores the three."""
 
     def __init__(
         self,
@@ -76,9 +96,19 @@ class ShardStream:
         requests_in_flight: int = DEFAULT_REQUESTS_IN_FLIGHT,
         max_bytes_in_flight: int = DEFAULT_MAX_BYTES_IN_FLIGHT,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        decode_threads: int = DEFAULT_DECODE_THREADS,
+        decode_ahead: int = DEFAULT_DECODE_AHEAD,
+        decode_device: torch.device | str | None = None,
     ) -> None:
         StreamSettings(  # checks them
-            window, prefetch, read_bound_s, requests_in_flight, max_bytes_in_flight, chunk_bytes
+            window,
+            prefetch,
+            read_bound_s,
+            requests_in_flight,
+            max_bytes_in_flight,
+            chunk_bytes,
+            decode_threads,
+            decode_ahead,
         )
         if not index.labeled and to_batch is None:
             raise ValueError(
@@ -126,6 +156,15 @@ class ShardStream:
             )
         )
         self.peak_shards = 0  # the most shards held at once (the memory bound, measured)
+        self.decode_ahead = decode_ahead
+        self.decoder = (
+            None
+            if index.encoding.raw
+            else RecordDecoder(index.record_shape, decode_threads, decode_device)
+        )
+        # Planned batches being decoded, by their position in the plan: the one in use and
+        # up to decode_ahead after it.
+        self._decoding: dict[int, Future[Batch | None]] = {}
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
@@ -167,6 +206,7 @@ class ShardStream:
             self._epoch_run += 1
             run = self._epoch_run
             self._drop_all_planned()
+            self._give_up_decodes()
             self._errors.clear()
             self._plan, self._last_use, self._pos = plan, last_use, 0
             self._batches = list(batches)
@@ -198,7 +238,7 @@ class ShardStream:
         self,
         run: int,
         shard: int,
-        records: np.ndarray,
+        records: Records,
         labels: np.ndarray | None,
         buffer: Buffer,
     ) -> None:
@@ -258,6 +298,7 @@ class ShardStream:
             self.read_bound_s,
             buffer=buffer_of if self._local else None,
             labeled=self.index.labeled,
+            encoding=self.index.encoding,
         )
         return _Held(records, labels, handed[0] if handed else None)
 
@@ -289,17 +330,13 @@ class ShardStream:
         sids = self.shards_of(index)
         needed = tuple(np.unique(sids).tolist())
         planned = self._find_planned(index)
-        arrays = self._planned(needed) if planned else {s: self._unplanned_read(s) for s in needed}
-        rows = index.numpy() - self._starts[sids]
-        records = np.empty((len(index), *self.index.record_shape), dtype=np.uint8)
-        labels = np.empty(len(index), dtype=np.int64)
-        for s in needed:
-            at = np.flatnonzero(sids == s)
-            records[at] = arrays[s].records[rows[at]]
-            if self.index.labeled:
-                shard_labels = arrays[s].labels
-                assert shard_labels is not None  # a labeled index's shards carry labels
-                labels[at] = shard_labels[rows[at]]
+        if self.decoder is not None:
+            images, labels = self._decoded_batch(index, sids, needed, planned)
+        else:
+            arrays = (
+                self._planned(needed) if planned else {s: self._unplanned_read(s) for s in needed}
+            )
+            images, labels = self._sliced_batch(index, sids, needed, arrays)
         if planned:
             self._done_with_batch()
         with self._changed:
@@ -307,8 +344,116 @@ class ShardStream:
                 self._release(held)
             self._retired.clear()
         if self.to_batch is not None:
-            return self.to_batch(torch.from_numpy(records))
+            return self.to_batch(images)
+        return images, labels
+
+    def _sliced_batch(
+        self,
+        index: torch.Tensor,
+        sids: np.ndarray,
+        needed: tuple[int, ...],
+        arrays: dict[int, _Held],
+    ) -> Batch:
+        """A raw split's batch: its records copied out of the shards' arrays."""
+        rows = index.numpy() - self._starts[sids]
+        records = np.empty((len(index), *self.index.record_shape), dtype=np.uint8)
+        labels = np.empty(len(index), dtype=np.int64)
+        for s in needed:
+            at = np.flatnonzero(sids == s)
+            shard_records = arrays[s].records
+            assert isinstance(shard_records, np.ndarray)  # a raw index's shards are arrays
+            records[at] = shard_records[rows[at]]
+            if self.index.labeled:
+                shard_labels = arrays[s].labels
+                assert shard_labels is not None  # a labeled index's shards carry labels
+                labels[at] = shard_labels[rows[at]]
         return torch.from_numpy(records), torch.from_numpy(labels)
+
+    def _encoded(
+        self,
+        index: torch.Tensor,
+        sids: np.ndarray,
+        needed: tuple[int, ...],
+        arrays: dict[int, _Held],
+    ) -> tuple[list[np.ndarray], list[RecordAt], torch.Tensor]:
+        """A compressed split's batch before decoding: copies of its encoded records, where
+        each is from, and the labels. (Under the lock for planned shards: copied before a
+        dropped shard's buffer can be reused.)"""
+        rows = index.numpy() - self._starts[sids]
+        records: list[np.ndarray] = [np.empty(0, np.uint8)] * len(index)
+        where: list[RecordAt] = [RecordAt("", 0)] * len(index)
+        labels = np.empty(len(index), dtype=np.int64)
+        for s in needed:
+            at = np.flatnonzero(sids == s)
+            held = arrays[s]
+            assert isinstance(held.records, EncodedRecords)  # a compressed index's shards
+            shown = redact_url(self.index.uri(self.index.shards[s]))
+            for i, data in zip(at.tolist(), held.records.take(rows[at]), strict=True):
+                records[i] = data
+                where[i] = RecordAt(shown, int(rows[i]))
+            if self.index.labeled:
+                assert held.labels is not None  # a labeled index's shards carry labels
+                labels[at] = held.labels[rows[at]]
+        return records, where, torch.from_numpy(labels)
+
+    def _decoded_batch(
+        self, index: torch.Tensor, sids: np.ndarray, needed: tuple[int, ...], planned: bool
+    ) -> Batch:
+        decoder = self.decoder
+        assert decoder is not None  # a compressed split
+        if not planned:  # validation's way: nothing decoded it ahead, the pool decodes it now
+            arrays = {s: self._unplanned_read(s) for s in needed}
+            records, where, labels = self._encoded(index, sids, needed, arrays)
+            return decoder.decode_spread(records, where), labels
+        with self._changed:
+            pos = self._pos
+            self._decode_ahead_of(pos)
+            future = self._decoding.pop(pos)
+        while True:
+            try:
+                decoded = future.result(timeout=WAIT_BEAT_S)
+                break
+            except FutureTimeout:
+                if self.on_wait is not None:
+                    self.on_wait()  # still alive, waiting for a shard or its decode
+        assert decoded is not None  # the batch in use is never given up
+        return decoded
+
+    def _decode_ahead_of(self, pos: int) -> None:
+        """Have the batch at `pos` and up to decode_ahead after it decoding. (Under the lock.)"""
+        decoder = self.decoder
+        assert decoder is not None
+        for j in range(pos, min(pos + 1 + self.decode_ahead, len(self._batches))):
+            if j not in self._decoding:
+                work = partial(self._decode_planned, self._epoch_run, j, self._batches[j])
+                self._decoding[j] = decoder.submit(work)
+
+    def _decode_planned(self, run: int, j: int, index: torch.Tensor) -> Batch | None:
+        """Planned batch `j` of epoch `run`, decoded (a decoding thread); None when it was
+        given up while waiting for its shards (skipped, or its epoch replaced)."""
+        decoder = self.decoder
+        assert decoder is not None
+        sids = self.shards_of(index)
+        needed = tuple(np.unique(sids).tolist())
+        with self._changed:
+            while True:
+                if self._epoch_run != run or self._pos > j:
+                    return None
+                for s in needed:
+                    if s in self._errors:
+                        raise self._errors[s]
+                if all(s in self._cache for s in needed):
+                    break
+                self._changed.wait(WAIT_BEAT_S)
+            arrays = {s: self._cache[s] for s in needed}
+            records, where, labels = self._encoded(index, sids, needed, arrays)
+        return decoder.decode(records, where), labels
+
+    def _give_up_decodes(self) -> None:
+        """Drop every planned decode (under the lock): those waiting see it and return."""
+        for future in self._decoding.values():
+            future.cancel()
+        self._decoding.clear()
 
     def _find_planned(self, index: torch.Tensor) -> bool:
         """Whether `index` is the next planned batch, or one a few batches on (those skipped
@@ -340,6 +485,9 @@ class ShardStream:
             for s in self._plan[pos]:
                 if self._last_use.get(s) == pos:
                     self._release(self._cache.pop(s, None))
+            skipped = self._decoding.pop(pos, None)  # a batch skipped: its decode is not used
+            if skipped is not None:
+                skipped.cancel()
             self._pos = pos + 1
             self._changed.notify_all()
 
@@ -362,6 +510,9 @@ class ShardStream:
             self._epoch_run += 1
             if self.ranges is not None:
                 self.ranges.close()
+            self._give_up_decodes()
+            if self.decoder is not None:
+                self.decoder.close()
             self._drop_all_planned()
             self._plan, self._batches = [], []
             self._unplanned.clear()

@@ -19,7 +19,8 @@ import torch
 
 import ddpflow
 from ddpflow.cluster.build import local_cluster
-from ddpflow.shards.index import read_index
+from ddpflow.shards.encoding import ShardEncoding
+from ddpflow.shards.index import read_index, write_records
 from ddpflow.shards.shard_file import ShardError
 from ddpflow.shards.stream import ShardStream
 from ddpflow.training.batching import epoch_batches
@@ -58,20 +59,25 @@ def split(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def s3_ranks(tmp_path_factory) -> Iterator[tuple[distributed.Client, str]]:
-    """The split in a SeaweedFS server (its URI), and 2 worker processes whose S3 it is."""
+def s3_ranks(tmp_path_factory) -> Iterator[tuple[distributed.Client, str, str]]:
+    """The split in a SeaweedFS server (its URI, and that of its images as jpeg shards), and
+    2 worker processes whose S3 it is."""
     service = start_test_seaweedfs(tmp_path_factory.mktemp("seaweedfs-resume"), ("resume",))
     try:
         uri = "s3://resume/data/train.shards.json"
+        jpeg_uri = "s3://resume/jpeg/train.shards.json"
         with pytest.MonkeyPatch.context() as patch:
             use_s3(patch, service.url)
             write_split(uri, SAMPLES, 40)
+            images, labels = ShardStream(read_index(uri)).batch(torch.arange(SAMPLES))
+            jpeg = ShardEncoding("jpeg", 90)
+            write_records(jpeg_uri, images.numpy(), labels.tolist(), 40, jpeg)
         with (
             local_cluster(2, env=s3_env(service.url)) as dask_cluster,
             distributed.Client(dask_cluster) as client,
         ):
             client.wait_for_workers(2, timeout=60)
-            yield client, uri
+            yield client, uri, jpeg_uri
     finally:
         stop(service)
 
@@ -106,14 +112,16 @@ def _steps_done(steps: Path) -> int:
 # docs/data.md "Exact resume": a SIGKILLed worker resumes the stream from the last step
 # checkpoint with the same samples, the same augmentation and the same dropout, so the
 # weights are bitwise those of the run that was never interrupted; from local shards, and
-# from S3 in parallel ranges (ddpflow.shards.parallel_reads).
-@pytest.mark.parametrize("store", ["local", "s3"])
+# from S3 in parallel ranges (ddpflow.shards.parallel_reads), of raw and of jpeg shards
+# (decoded ahead on the ranks' threads, ddpflow.shards.decoding).
+@pytest.mark.parametrize("store", ["local", "s3", "s3-jpeg"])
 def test_a_worker_killed_mid_epoch_resumes_the_stream_exactly(request, store, tmp_path):
     if store == "local":
         cluster, split = request.getfixturevalue("cluster"), request.getfixturevalue("split")
         fit = stream_fit
     else:
-        cluster, split = request.getfixturevalue("s3_ranks")
+        cluster, raw, jpeg = request.getfixturevalue("s3_ranks")
+        split = jpeg if store == "s3-jpeg" else raw
         fit = stream_fit_in_ranges
     straight = _train(cluster, split, tmp_path / "straight", fit)
     interrupted = tmp_path / "killed"

@@ -186,3 +186,14 @@ def test_compile_is_in_place_so_checkpoint_keys_do_not_change() -> None:
     resolve_speed(SpeedSettings(compile=True), CPU).compile_model(model)
     assert model._compiled_call_impl is not None
     assert list(model.state_dict()) == keys
+
+
+def test_a_batch_already_off_the_cpu_is_not_pinned() -> None:
+    """A rank that decodes its images on its GPU hands them over there: pinning such a tensor
+    fails. A meta tensor stands in for a CUDA one (no GPU here); a CPU one would be pinned,
+    which needs a CUDA device and fails on this machine, so the test fails if the check goes."""
+    speed = TrainSpeed(pin_memory=True, device=torch.device("meta"))
+    moved = speed.to_device(torch.empty((2, 3, 4, 4), dtype=torch.uint8, device="meta"))
+    assert moved.device.type == "meta"
+    with pytest.raises(RuntimeError):
+        speed.to_device(torch.empty((2, 3, 4, 4), dtype=torch.uint8))  # a host batch: pinned

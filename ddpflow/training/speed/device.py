@@ -96,8 +96,10 @@ class TrainSpeed:
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """Host batch -> device: pinned first when asked, so the copy can be asynchronous;
         4-D image batches become channels_last when asked. uint8 images stay uint8 here:
-        a quarter of the bytes cross to the device, where the model normalises them."""
-        if self.pin_memory:
+        a quarter of the bytes cross to the device, where the model normalises them. A
+        tensor already on a GPU (images a rank decoded there: ddpflow.shards.decoding) has
+        nothing to pin, and pinning one fails."""
+        if self.pin_memory and tensor.device.type == "cpu":
             tensor = tensor.pin_memory()
         tensor = tensor.to(self.device, non_blocking=True)
         if self.channels_last and tensor.dim() == 4:

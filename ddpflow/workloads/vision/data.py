@@ -227,11 +227,16 @@ def load_split(uri: str) -> ImageSplit:
 
 
 def open_split(
-    uri: str, stream: StreamSettings | None = None, on_wait: Callable[[], None] | None = None
+    uri: str,
+    stream: StreamSettings | None = None,
+    on_wait: Callable[[], None] | None = None,
+    device: torch.device | None = None,
 ) -> Samples:
     """A formatted split: held in memory (a `.pt` file, format_image_folder) or streamed from
     its shards (a `.shards.json` index, ddpflow.workloads.vision.shard_format) as `stream`
-    says, calling `on_wait` while a batch waits for its shard (ddpflow.shards.stream)."""
+    says, calling `on_wait` while a batch waits for its shard (ddpflow.shards.stream). The
+    records of compressed shards are decoded on the rank's `device` when it is a GPU (its
+    batches' images are then on it), else by CPU threads."""
     from ddpflow.shards.index import is_index_uri, read_index
 
     if not is_index_uri(uri):
@@ -248,4 +253,7 @@ def open_split(
         requests_in_flight=stream.requests_in_flight,
         max_bytes_in_flight=stream.max_bytes_in_flight,
         chunk_bytes=stream.chunk_bytes,
+        decode_threads=stream.decode_threads,
+        decode_ahead=stream.decode_ahead,
+        decode_device=device if device is not None and device.type == "cuda" else None,
     )

@@ -15,6 +15,13 @@ them in memory).
 3. `index_shards` (one process) checks the unreadable share and the classes, writes each
    split's index (ddpflow.shards.index) and the manifest, last.
 
+With a jpeg encoding (ddpflow.shards.encoding) each decoded, resized image is compressed on
+its own by the chunk's worker at the chosen quality; the encoding and quality are part of
+every cache key (chunk records and manifests), so a raw and a jpeg format of one folder are
+two formats, and raw keys are those written before there was a choice. A chunk holds the
+same images whatever the encoding (its size is counted in decoded bytes), so both formats
+of a folder have the same shards' counts, the same order and the same batches.
+
 Every store path is under `<artifact_root>/data/image-shards/`: `shards/`, `chunks/`, and
 per formatted folder `<key>.json` (the manifest) with `<key>-train.shards.json` and
 `<key>-val.shards.json`. Shards and chunk records are shared by every format of every folder:
@@ -32,6 +39,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ddpflow import storage
+from ddpflow.shards.encoding import RAW, ShardEncoding
 from ddpflow.shards.index import SHARDS_FOLDER, shards_present, write_index
 from ddpflow.shards.shard_file import ShardInfo, write_shard
 from ddpflow.storage.redact import redact_url
@@ -85,6 +93,7 @@ class ChunkTarget:
     store: str  # <artifact_root>/data/image-shards
     spec: ImageSpec
     max_image_bytes: int
+    encoding: ShardEncoding = RAW  # how the shards hold the images
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,10 @@ def plan_shards(
     seed: int,
     max_image_mb: float,
     shard_mb: float = DEFAULT_SHARD_MB,
+    encoding: ShardEncoding = RAW,
 ) -> ShardPlan:
-    """List and split `root` and cut it into chunks of about `shard_mb` formatted."""
+    """List and split `root` and cut it into chunks of about `shard_mb` formatted (decoded
+    images: a jpeg shard of the chunk is smaller), written in `encoding`."""
     if not shard_mb > 0:
         raise ValueError(f"shard_mb={shard_mb:g} must be above 0 (MiB per shard); pass e.g. 64")
     index = list_image_folder(root, max_image_mb)
@@ -147,7 +158,10 @@ def plan_shards(
             "out for validation; add images"
         )
     target = max(1, int(shard_mb * 2**20 // record_bytes(spec)))
-    settings = f"v{FORMAT_VERSION}-{spec}-{index.max_image_bytes}-{len(index.classes)}"
+    settings = (
+        f"v{FORMAT_VERSION}-{spec}-{index.max_image_bytes}-{len(index.classes)}"
+        + encoding.cache_key()  # nothing for raw: its keys stay those of earlier formats
+    )
     chunks = [
         chunk
         for name, rows in (("train", train), ("val", val))
@@ -156,7 +170,7 @@ def plan_shards(
     folder_key = f"{index.fingerprint}-{settings}-{val_fraction:g}-{seed}-{target}"
     store = storage.join(artifact_root, *STORE_FOLDER)
     return ShardPlan(
-        target=ChunkTarget(root, store, spec, index.max_image_bytes),
+        target=ChunkTarget(root, store, spec, index.max_image_bytes, encoding),
         key=storage.sha256_hex(folder_key.encode())[:16],
         classes=tuple(index.classes),
         fingerprint=index.fingerprint,
@@ -227,7 +241,7 @@ def format_chunk(target: ChunkTarget, chunk: ImageChunk) -> ChunkResult:
     shard = None
     if images:
         records = np.stack([image.numpy() for image in images])
-        shard = write_shard(shards, records, [labels_by_key[k] for k in keys])
+        shard = write_shard(shards, records, [labels_by_key[k] for k in keys], target.encoding)
     result = ChunkResult(chunk.split, shard, tuple(keys), tuple(bad))
     record = {
         "shard": None if shard is None else shard.to_dict(),
@@ -288,7 +302,7 @@ def index_shards(
                 "raise val_fraction"
             )
         uris[split] = storage.join(store, f"{plan.key}-{split}.shards.json")
-        write_index(uris[split], shape, shards)
+        write_index(uris[split], shape, shards, encoding=plan.target.encoding)
         counts[split] = sum(s.count for s in shards)
     val_keys = [k for r in results if r.split == "val" and r.shard is not None for k in r.keys]
     result = FormattedImages(

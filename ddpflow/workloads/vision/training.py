@@ -99,12 +99,13 @@ def train_rank(
     waits there for the study's verdict (ddpflow.workloads.sweep.pruning)."""
     built = _build(ctx, job)
     optimizer, scheduler = built.optimizer, built.scheduler
+    # A streamed split's batch that waits for its shard is still alive (the hang watch);
+    # compressed shards are decoded on the rank's GPU, when it has one.
+    train = open_split(job.train_uri, job.stream, on_wait=ctx.heartbeat, device=ctx.device)
     announce(built.speed, ctx)
-    # A streamed split's batch that waits for its shard is still alive (the hang watch).
-    train = open_split(job.train_uri, job.stream, on_wait=ctx.heartbeat)
     if job.augment:
         train = AugmentedSamples(train, job.seed)
-    val = open_split(job.val_uri, job.stream, on_wait=ctx.heartbeat)
+    val = open_split(job.val_uri, job.stream, on_wait=ctx.heartbeat, device=ctx.device)
     extra = {"base_lr": job.lr, "lr": built.lr, "batch_size": job.batch_size, "seed": job.seed}
 
     def step_metrics(logits: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
