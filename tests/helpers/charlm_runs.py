@@ -21,13 +21,16 @@ from ddpflow.checkpoint.store import POINTER_NAME, CheckpointStore, read_pointer
 from ddpflow.workloads.charlm.corpus import DEFAULT_CORPUS_PATH
 
 EPOCHS = 3
-SMALL_CORPUS_NAMES = 16_000
+SMALL_CORPUS_NAMES = 8_000
 
 
 def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
     """The shipped corpus's first `num_names` names in a file every test process shares. With
-    the default (about a third), an epoch of a 2-rank tiny training takes about 3 s instead of
-    9 s, still long enough to kill a worker mid-run after the first checkpoint."""
+    the default (about a sixth), an epoch of a 2-rank tiny training takes about 1.5 s instead
+    of 9 s, and the two epochs after the first checkpoint are still long enough to kill,
+    stop or cut off a worker mid-run: with 16,000 names the fault-tolerance module cost 424
+    CPU-seconds, with 8,000 372 (multi-host 326 and 308, the outages 164 and 144), every
+    test passing (bench.suite_cost --per-module, 2026-12-07)."""
     corpus = DEFAULT_CORPUS_PATH.read_bytes()
     digest = hashlib.sha256(corpus).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"ddpflow-test-names-{num_names}-{digest}.json"
@@ -42,6 +45,9 @@ def small_corpus(num_names: int = SMALL_CORPUS_NAMES) -> Path:
 # A test's training reads these names unless what it tests is the shipped corpus itself: the
 # full corpus made each tiny run 7 (one epoch) to 11 (three) CPU-seconds dearer.
 SMALL_SOURCE = str(small_corpus())
+# Twice the names: at a batch of 2048 an epoch of 2 ranks then has more than the 20 steps
+# after which fit() logs its per-step metrics, which the deployment and sweep tests read.
+STEPPED_SOURCE = str(small_corpus(16_000))
 
 # Two layers with dropout: the LSTM draws dropout masks between its layers, so a resume is
 # exact only if the RNG is reseeded per step (one layer would draw nothing at all).

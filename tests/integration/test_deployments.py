@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from infra.state import BUCKET, StackState
-from tests.helpers.charlm_runs import SMALL_SOURCE
+from tests.helpers.charlm_runs import STEPPED_SOURCE
 from tests.helpers.prefect_api import (
     FINAL_STATES,
     artifacts,
@@ -31,7 +31,8 @@ from tests.helpers.s3_servers import list_keys
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 TINY = {
-    "source": SMALL_SOURCE, "hidden_size": 32, "num_layers": 1, "batch_size": 2048, "num_names": 5,
+    "source": STEPPED_SOURCE, "hidden_size": 32, "num_layers": 1, "batch_size": 2048,
+    "num_names": 5,
 }  # fmt: skip
 RETRAIN = "retrain-charlm/charlm-retrain-nightly"
 

@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from flows.params import ParameterError, SweepParams
 from flows.sweep_charlm import sweep_charlm
-from tests.helpers.charlm_runs import small_corpus
+from tests.helpers.charlm_runs import STEPPED_SOURCE
 from tests.helpers.in_process import run_in_process
 from tests.helpers.prefect_reads import flow_run_logs, flow_run_records
 from tests.helpers.trial_faults import FAULTY_LR, PRELOAD_ENV
@@ -44,7 +44,7 @@ DEFAULTS = {
     "experiment": EXPERIMENT,
     "model_name": MODEL,
     "promote": True,
-    "source": str(small_corpus()),
+    "source": STEPPED_SOURCE,
 }
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
