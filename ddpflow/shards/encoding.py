@@ -17,9 +17,9 @@ KINDS: tuple[EncodingKind, ...] = ("raw", "jpeg")
 # libjpeg's range is 1-100; below 50 the blocks show on 32 px images, and a quality nobody
 # would train on is more likely a typo (the flows bound it the same way).
 MIN_JPEG_QUALITY, MAX_JPEG_QUALITY = 50, 100
-# Measured (bench.shard_encoding, docs/data.md): at 90 a 224 px image takes 0.068x raw's
-# bytes (generated shapes with noise), and digits train to raw shards' accuracy within the
-# seeds' spread.
+# Measured (bench.shard_encoding, docs/data.md): at 90 a 224 px image takes 0.070x raw's
+# bytes (generated shapes with noise), and digits and shapes train to raw shards' accuracy
+# within the seeds' spread.
 DEFAULT_JPEG_QUALITY = 90
 
 
