@@ -95,7 +95,7 @@ def tiny_charlm_params(
     epochs: int, source: str | None = SMALL_SOURCE, **overrides: object
 ) -> dict[str, object]:
     """A pet-name training small enough for a test, as the flow's parameter model takes it:
-    one LSTM layer of 16, batches of 4096, on the first third of the shipped names
+    one LSTM layer of 16, batches of 4096, on the first sixth of the shipped names
     (source=None: no source, the flow's default, all of them); `overrides` (e.g.
     keep_last=2) add or replace fields."""
     sizes = {"epochs": epochs, "hidden_size": 16, "num_layers": 1, "batch_size": 4096}
