@@ -436,16 +436,9 @@ class ShardStream:
         sids = self.shards_of(index)
         needed = tuple(np.unique(sids).tolist())
         with self._changed:
-            while True:
-                if self._epoch_run != run or self._pos > j:
-                    return None
-                for s in needed:
-                    if s in self._errors:
-                        raise self._errors[s]
-                if all(s in self._cache for s in needed):
-                    break
-                self._changed.wait(WAIT_BEAT_S)
-            arrays = {s: self._cache[s] for s in needed}
+            arrays = self._wait_for(needed, lambda: self._epoch_run != run or self._pos > j)
+            if arrays is None:
+                return None
             records, where, labels = self._encoded(index, sids, needed, arrays)
         return decoder.decode(records, where), labels
 
@@ -470,14 +463,28 @@ class ShardStream:
 
     def _planned(self, needed: tuple[int, ...]) -> dict[int, _Held]:
         with self._changed:
-            while True:
-                for s in needed:
-                    if s in self._errors:
-                        raise self._errors[s]
-                if all(s in self._cache for s in needed):
-                    return {s: self._cache[s] for s in needed}
-                if not self._changed.wait(WAIT_BEAT_S) and self.on_wait is not None:
-                    self.on_wait()
+            held = self._wait_for(needed, on_wait=self.on_wait)
+        assert held is not None  # never given up
+        return held
+
+    def _wait_for(
+        self,
+        needed: tuple[int, ...],
+        given_up: Callable[[], bool] = lambda: False,
+        on_wait: Callable[[], None] | None = None,
+    ) -> dict[int, _Held] | None:
+        """The planned shards `needed` once all are read (under the lock): a read's error
+        is raised, `on_wait` called at each beat without news; None once `given_up()`."""
+        while True:
+            if given_up():
+                return None
+            for s in needed:
+                if s in self._errors:
+                    raise self._errors[s]
+            if all(s in self._cache for s in needed):
+                return {s: self._cache[s] for s in needed}
+            if not self._changed.wait(WAIT_BEAT_S) and on_wait is not None:
+                on_wait()
 
     def _done_with_batch(self) -> None:
         with self._changed:

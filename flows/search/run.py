@@ -128,13 +128,13 @@ def run_search(
     def one(trial: optuna.Trial, values: dict[str, Any], workers: list[str]) -> TrialOutcome | None:
         spec = validate_trial(trial.number, {**defaults, **values}, setup.fields)
         twin = desk.finished_twin(trial, values) if spec.config is not None else None
-        if twin is not None:  # asked again: told the earlier result, nothing trained
+        if twin is not None and spec.config is not None:  # asked again: nothing trained
             desk.tell_repeat(trial, twin)
             line = board.repeated()
             print(
                 f"trial {trial.number} asks trial {twin.number}'s point again "
-                f"({spec.config.label() if spec.config else values}): told its "
-                f"{twin.state.name} result without training; {line}"
+                f"({spec.config.label()}): told its {twin.state.name} result without "
+                f"training; {line}"
             )
             return None
         # Tagged at the start: a resume finds the runs that a dead flow process left RUNNING.
