@@ -289,8 +289,8 @@ def accuracy_results(found: dict[str, Any], quality: int) -> list[Result]:
         runs = raw["accuracy"] + jpeg["accuracy"]
         spread = max(runs) - min(runs)
         seeds_spread = max(max(a) - min(a) for a in (raw["accuracy"], jpeg["accuracy"]))
-        # Within noise: the gap between the means is no more than the seeds' spread, or
-        # 2 points where one seed gives no spread.
+        # Within noise: the gap between the means is no more than the spread across training
+        # seeds, or 2 points where one seed gives no spread.
         noise = max(seeds_spread, 0.02)
         results.append(
             Result(

@@ -19,7 +19,7 @@ KINDS: tuple[EncodingKind, ...] = ("raw", "jpeg")
 MIN_JPEG_QUALITY, MAX_JPEG_QUALITY = 50, 100
 # Measured (bench.shard_encoding, docs/data.md): at 90 a 224 px image takes 0.070x raw's
 # bytes (generated shapes with noise), and digits and shapes train to raw shards' accuracy
-# within the seeds' spread.
+# within the spread across training seeds.
 DEFAULT_JPEG_QUALITY = 90
 
 
