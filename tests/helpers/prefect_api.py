@@ -56,3 +56,27 @@ def wait_for_state(
         assert state not in FINAL_STATES, f"flow run {flow_run_id} ended {run['state']}"
         assert time.monotonic() < deadline, f"flow run {flow_run_id} still {run['state']}"
         time.sleep(0.5)
+
+
+def deployment(env: dict[str, str], name: str) -> dict[str, Any]:
+    """A deployment by its `flow-name/deployment-name`, as `prefect deployment inspect`
+    shows it."""
+    flow_name, _, deployment_name = name.partition("/")
+    return _request(env, "GET", f"/deployments/name/{flow_name}/{deployment_name}")
+
+
+def flow_run_logs(env: dict[str, str], flow_run_id: str, page: int = 200) -> str:
+    """The run's log messages oldest first, a line each (a message's own lines kept), as
+    `prefect flow-run logs` lists them."""
+    messages: list[str] = []
+    while True:
+        body = {
+            "logs": {"flow_run_id": {"any_": [flow_run_id]}},
+            "sort": "TIMESTAMP_ASC",
+            "limit": page,
+            "offset": len(messages),
+        }
+        found = _request(env, "POST", "/logs/filter", body)
+        messages += [log["message"] for log in found]
+        if len(found) < page:
+            return "\n".join(messages)

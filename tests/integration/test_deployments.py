@@ -22,7 +22,9 @@ from tests.helpers.charlm_runs import STEPPED_SOURCE
 from tests.helpers.prefect_api import (
     FINAL_STATES,
     artifacts,
+    deployment,
     flow_run,
+    flow_run_logs,
     state_history,
     wait_for_state,
 )
@@ -146,21 +148,14 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
     updates = [i for i in items if "prefect.artifact.updated" in i]
     assert 1 <= len(updates) <= 3 + watch_s / 30, (len(updates), watch_s)
 
-    flow_run = json.loads(
-        prefect(
-            deployed,
-            "flow-run",
-            "inspect",
-            run.data.tags["prefect.flow_run_id"],
-            "--output",
-            "json",
-        )
-    )
-    logs = prefect(deployed, "flow-run", "logs", run.data.tags["prefect.flow_run_id"])
+    # Read over the API: the `prefect` commands a user types are tested above (deploy,
+    # deployment run --watch); a command only to read a record costs a fresh interpreter.
+    recorded_run = flow_run(deployed, flow_run_id)
+    logs = flow_run_logs(deployed, flow_run_id)
     # By time, too, the summary is the last line: no task's or engine's line after it.
     tail = logs[logs.rindex("ddpflow: pet-name model trained") :]
     assert "Finished in state" not in tail and "MLflow UI" in tail, logs[-3000:]
-    recorded = json.dumps(flow_run) + logs + json.dumps(run.data.params)
+    recorded = json.dumps(recorded_run) + logs + json.dumps(run.data.params)
     assert deployed["AWS_SECRET_ACCESS_KEY"] not in recorded
     assert deployed["AWS_ACCESS_KEY_ID"] not in recorded
 
@@ -177,16 +172,7 @@ def test_deployment_run_completes_with_metrics_and_a_registered_model(deployed):
 
 
 def test_retrain_schedule_and_concurrency_limit_are_registered(deployed):
-    info = json.loads(
-        prefect(
-            deployed,
-            "deployment",
-            "inspect",
-            "retrain-charlm/charlm-retrain-nightly",
-            "--output",
-            "json",
-        )
-    )
+    info = deployment(deployed, RETRAIN)
     schedule = info["schedules"][0]["schedule"]
     assert schedule["cron"] == "0 3 * * *" and schedule["timezone"] == "Europe/Berlin"
     assert info["global_concurrency_limit"]["limit"] == 1
@@ -269,7 +255,7 @@ def test_a_users_own_run_in_flow_flow_deploys_and_runs(stack, tmp_path):
     assert "Completed" in output, output[-4000:]
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", output)
     assert run_id, output
-    logs = prefect(stack, "flow-run", "logs", run_id.group(1))
+    logs = flow_run_logs(stack, run_id.group(1))
     assert re.findall(r"epoch (\d+)/3", logs) == ["1", "2", "3"], logs[-4000:]
     assert float(re.findall(r"held-out accuracy: (\d\.\d+)", logs)[-1]) > 0.5
     (folder,) = (tmp_path / "checkpoints").iterdir()  # the run's own, written by rank 0
