@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from tests.helpers.prefect_reads import every_page
+
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 
 
@@ -65,18 +67,13 @@ def deployment(env: dict[str, str], name: str) -> dict[str, Any]:
     return _request(env, "GET", f"/deployments/name/{flow_name}/{deployment_name}")
 
 
-def flow_run_logs(env: dict[str, str], flow_run_id: str, page: int = 200) -> str:
+def flow_run_logs(env: dict[str, str], flow_run_id: str) -> str:
     """The run's log messages oldest first, a line each (a message's own lines kept), as
     `prefect flow-run logs` lists them."""
-    messages: list[str] = []
-    while True:
-        body = {
-            "logs": {"flow_run_id": {"any_": [flow_run_id]}},
-            "sort": "TIMESTAMP_ASC",
-            "limit": page,
-            "offset": len(messages),
-        }
-        found = _request(env, "POST", "/logs/filter", body)
-        messages += [log["message"] for log in found]
-        if len(found) < page:
-            return "\n".join(messages)
+
+    def page(offset: int) -> list[dict[str, Any]]:
+        where = {"flow_run_id": {"any_": [flow_run_id]}}
+        body = {"logs": where, "sort": "TIMESTAMP_ASC", "limit": 200, "offset": offset}
+        return _request(env, "POST", "/logs/filter", body)
+
+    return "\n".join(log["message"] for log in every_page(page))
