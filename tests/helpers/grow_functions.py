@@ -24,12 +24,12 @@ PAUSE_S = 0.2
 
 class Recorded:
     """Samples that remember the last batch taken (the step's). While the file `pause`
-    exists, each batch takes PAUSE_S more: the test's workers join and leave meanwhile,
+    exists, each batch takes `pause_s` more: the test's workers join and leave meanwhile,
     and it removes the file when the rest may run at full speed. Everything else (a
     streamed split's epoch_order and start_epoch) is the wrapped samples'."""
 
-    def __init__(self, samples: ddpflow.Samples, pause: Path):
-        self.samples, self.pause = samples, pause
+    def __init__(self, samples: ddpflow.Samples, pause: Path, pause_s: float = PAUSE_S):
+        self.samples, self.pause, self.pause_s = samples, pause, pause_s
         self.last: list[int] = []
 
     def __len__(self) -> int:
@@ -41,7 +41,7 @@ class Recorded:
     def batch(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         self.last = index.tolist()
         if self.pause.exists():
-            time.sleep(PAUSE_S)
+            time.sleep(self.pause_s)
         return self.samples.batch(index)
 
 
@@ -79,16 +79,21 @@ def recording_context(ctx: ddpflow.TrainContext, data: Recorded, log_dir: str) -
 
 
 def recorded_fit(
-    ctx: ddpflow.TrainContext, log_dir: str, pause: str, global_batch: bool = False
+    ctx: ddpflow.TrainContext,
+    log_dir: str,
+    pause: str,
+    global_batch: bool = False,
+    pause_s: float = PAUSE_S,
 ) -> dict[str, Any]:
     """ddpflow.fit over SAMPLES samples for EPOCHS epochs, a control step at every step and
     a step checkpoint every 5: BATCH_SIZE samples per rank a step, or with `global_batch`
-    GLOBAL_BATCH per step over the group. Returns the world size it finished at and the
-    trained weights."""
+    GLOBAL_BATCH per step over the group; while `pause` exists each step takes `pause_s`
+    more (sleeping, no CPU: 150 steps on 2 ranks). Returns the world size it finished at
+    and the trained weights."""
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(SAMPLES, FEATURES, generator=generator)
     y = x @ torch.randn(FEATURES, 1, generator=generator)
-    data = Recorded(ddpflow.TensorPairs(x, y), Path(pause))
+    data = Recorded(ddpflow.TensorPairs(x, y), Path(pause), pause_s)
     recording = recording_context(ctx, data, log_dir)
     torch.manual_seed(0)
     net = nn.Linear(FEATURES, 1)

@@ -66,6 +66,11 @@ from tests.helpers.s3_servers import s3_env
 pytestmark = [pytest.mark.integration, pytest.mark.multihost]
 # A cut-off host's rank makes rank 0's collective wait this long before the group fails.
 RANK_TIMEOUT_S = 20.0
+# Each step's sleep while the grow test waits for host c: its namespace, worker and settle
+# time took over the 30 s that 0.2 s a step gave on a loaded CI machine (stop 75), and the
+# training ended ungrown. 1 s a step leaves about 150 s; sleeping costs no CPU, and the
+# steps after the grow run at full speed.
+HOST_C_PAUSE_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -306,7 +311,7 @@ def test_a_third_host_that_joins_mid_run_grows_the_group_onto_it(restored, tmp_p
     max_workers=3: once c's worker has stayed the settle time, the group takes a step
     checkpoint and relaunches with 3 ranks, one on c, in the same MLflow run and spending no
     restart (max_restarts=0 would fail the run otherwise). The training
-    (tests/helpers/grow_functions.py) steps slowly until the group grew."""
+    (tests/helpers/grow_functions.py) steps slowly (HOST_C_PAUSE_S) until the group grew."""
     steps, pause = tmp_path / "steps", tmp_path / "pause"
     steps.mkdir()
     pause.touch()
@@ -338,7 +343,7 @@ def test_a_third_host_that_joins_mid_run_grows_the_group_onto_it(restored, tmp_p
     try:
         with restored.client() as client, distributed.get_task_stream(client) as stream:
             ddpflow.run(
-                client, recorded_fit, str(steps), str(pause),
+                client, recorded_fit, str(steps), str(pause), False, HOST_C_PAUSE_S,
                 min_workers=2, max_workers=3, settle_s=5.0, max_restarts=0,
                 checkpoint_dir=str(tmp_path / "checkpoints"),
                 tracking_uri=restored.mlflow_url, experiment="grow-onto-a-third-host",
