@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,12 @@ def one_torch_thread() -> Iterator[None]:
 
 
 from tests.helpers.paths import CHECKOUT  # noqa: E402
+from tests.helpers.prefect_harness import (  # noqa: E402
+    SHARED_PREFECT_API,
+    StartedServer,
+    start_prefect_server,
+    stop_prefect_server,
+)
 
 # What a test run may add at the checkout's top: its tools' caches.
 CACHES = {".pytest_cache", ".ruff_cache", ".import_linter_cache", "__pycache__"}
@@ -145,3 +152,43 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
             return group_of(nodeid) or nodeid
 
     return GroupScheduling(config, log)
+
+
+# One Prefect API server for a whole xdist run, started by the controller and handed to each
+# test process (`shared_prefect_server` in tests/integration/conftest.py adopts it): an idle
+# server costs about 1.5 CPU-seconds a minute (Prefect's background worker polls its queue
+# every 0.1 s), so one per test process cost two more such servers for the whole run, plus
+# their starts. A run without xdist, or of unit tests alone, starts none here.
+SHARED_SERVER = pytest.StashKey[StartedServer | None]()
+UNIT_TESTS = CHECKOUT / "tests" / "unit"
+
+
+def _runs_integration_tests(config: pytest.Config) -> bool:
+    paths = [Path(arg.split("::")[0]).resolve() for arg in config.args]
+    return not paths or any(not path.is_relative_to(UNIT_TESTS) for path in paths)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, for each test process it starts: the shared server's URL and
+    folder (started at the first process, without waiting for it to answer: its socket is
+    bound, and the test processes wait for it when a test first needs it)."""
+    config = node.config
+    if SHARED_SERVER not in config.stash:
+        from tests.helpers.projects import migrated_prefect_db
+
+        wanted = _runs_integration_tests(config)
+        config.stash[SHARED_SERVER] = (
+            start_prefect_server(migrated_prefect_db(), die_with_this_process=True)
+            if wanted
+            else None
+        )
+    server = config.stash[SHARED_SERVER]
+    if server is not None:
+        node.workerinput[SHARED_PREFECT_API] = {"url": server.url, "home": str(server.home)}
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    server = config.stash.get(SHARED_SERVER, None)
+    if server is not None:
+        stop_prefect_server(server)

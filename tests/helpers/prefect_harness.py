@@ -5,10 +5,11 @@ copy of the migrated database.
 which the server first migrates: 13.7 s and about 15 CPU-seconds to start on an idle 2-core
 machine (2026-11-29), against 5.2 s and 5.3 CPU-seconds for the same server on a copy of
 the migrated template the flows' own embedded API starts from
-(ddpflow/integrations/prefect/db_template.py). Each test process starts one server
-(`shared_prefect_server` in tests/integration/conftest.py), and each module that needs it
-makes it the process's API for its own tests (`api_of_this_process`): one start per process
-instead of one per module (in a full run, 27 Prefect server processes in all instead of 40).
+(ddpflow/integrations/prefect/db_template.py). A run starts one such server for all its
+tests: xdist's controller starts it and hands it to each test process (tests/conftest.py;
+a run without xdist starts one in its process), `shared_prefect_server` in
+tests/integration/conftest.py, and each module that needs it makes it the process's API for
+its own tests (`api_of_this_process`).
 
 What the harness does for the flows is done alike: the server is Prefect's temporary one
 (the flows' own start_server), it is this process's PREFECT_API_URL (a setting, so threads
@@ -21,9 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddpflow.integrations.prefect.db_template import DATABASE_URL_VARIABLES
@@ -35,6 +40,9 @@ from ddpflow.integrations.prefect.server import (
 )
 
 STOP_TIMEOUT_S = 10.0
+# The key of xdist's workerinput under which the controller hands each test process the
+# run's shared server (tests/conftest.py, `shared_prefect_server`).
+SHARED_PREFECT_API = "ddpflow_shared_prefect_api"
 # Each running API's folder (its database inside), by its URL: a test that searches every
 # file a run could have written a secret to searches the API's database too.
 _HOMES: dict[str, Path] = {}
@@ -45,13 +53,25 @@ def database_files(api_url: str) -> list[Path]:
     return sorted(_HOMES[api_url].glob("prefect.db*"))
 
 
-@contextmanager
-def prefect_server(
-    template: Path, startup_timeout_s: float = 180, changes: Mapping[str, str | None] | None = None
-) -> Iterator[str]:
-    """A Prefect server on a copy of `template` (a migrated database) while the block runs;
-    yields its API URL. No setting of this process changes: `api_of_this_process` makes it
-    the API for a block. `changes` to the server's environment (None removes a variable)."""
+@dataclass(frozen=True)
+class StartedServer:
+    """A Prefect server started on a copy of a migrated database: its API URL, its folder
+    (the database inside) and its process."""
+
+    url: str
+    home: Path
+    process: subprocess.Popen[bytes]
+
+
+def start_prefect_server(
+    template: Path,
+    changes: Mapping[str, str | None] | None = None,
+    die_with_this_process: bool = False,
+) -> StartedServer:
+    """Start a Prefect server on a copy of `template` (a migrated database) without waiting
+    for it to answer: its socket is bound, so its URL holds already. `changes` to the
+    server's environment (None removes a variable); `die_with_this_process`: it stops when
+    this process ends, however it ends (start_server's lifeline)."""
     home = Path(tempfile.mkdtemp(prefix="ddpflow-test-prefect-"))
     shutil.copyfile(template, home / "prefect.db")
     env = {**server_env(), "PREFECT_HOME": str(home)}
@@ -62,16 +82,44 @@ def prefect_server(
             env.pop(name, None)
         else:
             env[name] = value
-    port, server = start_server(env)
-    url = f"http://127.0.0.1:{port}/api"
+    port, process = start_server(env, die_with_this_process)
+    return StartedServer(f"http://127.0.0.1:{port}/api", home, process)
+
+
+def stop_prefect_server(server: StartedServer) -> None:
+    _HOMES.pop(server.url, None)
+    stop_server(server.process, STOP_TIMEOUT_S)
+    shutil.rmtree(server.home, ignore_errors=True)
+
+
+def adopt_prefect_server(url: str, home: Path, timeout_s: float = 180) -> str:
+    """A server another process started (the xdist controller's, `shared_prefect_server`)
+    as one this process knows: wait until it answers, remember its database's folder."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=5):
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the shared Prefect server {url} did not answer in {timeout_s:g} s")
+        time.sleep(0.1)
+    _HOMES[url] = home
+    return url
+
+
+@contextmanager
+def prefect_server(
+    template: Path, startup_timeout_s: float = 180, changes: Mapping[str, str | None] | None = None
+) -> Iterator[str]:
+    """A Prefect server on a copy of `template` (a migrated database) while the block runs;
+    yields its API URL. No setting of this process changes: `api_of_this_process` makes it
+    the API for a block. `changes` to the server's environment (None removes a variable)."""
+    server = start_prefect_server(template, changes)
     try:
-        wait_healthy(f"{url}/health", server, startup_timeout_s)
-        _HOMES[url] = home
-        yield url
+        wait_healthy(f"{server.url}/health", server.process, startup_timeout_s)
+        _HOMES[server.url] = server.home
+        yield server.url
     finally:
-        _HOMES.pop(url, None)
-        stop_server(server, STOP_TIMEOUT_S)
-        shutil.rmtree(home, ignore_errors=True)
+        stop_prefect_server(server)
 
 
 @contextmanager

@@ -35,19 +35,28 @@ def completed_task_runs(flow_run_id: Any) -> list[str]:
     return [run.name for run in found if run.state and run.state.is_completed()]
 
 
-def latest_flow_run(flow_name: str) -> Any:
-    """The flow's last run in the API (flow_services')."""
+def latest_flow_run(flow_name: str, tag: str | None = None) -> Any:
+    """The flow's last run in the API (flow_services'); with `tag`, its last run with that
+    tag. The test processes of a run share one API (`shared_prefect_server`), so a test
+    that cannot know its run's id runs the flow under a tag of its own (`prefect.tags`)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+    from prefect.client.schemas.filters import (
+        FlowFilter,
+        FlowFilterName,
+        FlowRunFilter,
+        FlowRunFilterTags,
+    )
     from prefect.client.schemas.sorting import FlowRunSort
 
+    tagged = None if tag is None else FlowRunFilter(tags=FlowRunFilterTags(all_=[tag]))
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(
             flow_filter=FlowFilter(name=FlowFilterName(any_=[flow_name])),
+            flow_run_filter=tagged,
             sort=FlowRunSort.EXPECTED_START_TIME_DESC,
             limit=1,
         )
-    assert runs, f"no run of {flow_name} recorded"
+    assert runs, f"no run of {flow_name} recorded" + (f" with tag {tag}" if tag else "")
     return runs[0]
 
 

@@ -15,7 +15,12 @@ from infra import stack
 from infra.state import StackState
 from tests.helpers.charlm_runs import TINY, final_weights
 from tests.helpers.in_process import dotted_config
-from tests.helpers.prefect_harness import api_of_this_process, prefect_server
+from tests.helpers.prefect_harness import (
+    SHARED_PREFECT_API,
+    adopt_prefect_server,
+    api_of_this_process,
+    prefect_server,
+)
 from tests.helpers.projects import (
     migrated_prefect_db,
     run_flow,
@@ -34,12 +39,17 @@ def dask_client() -> Iterator[distributed.Client]:
 
 
 @pytest.fixture(scope="session")
-def shared_prefect_server() -> Iterator[str]:
-    """One Prefect API server for this test process (its URL), which the modules use in
-    turn: a start costs about 5 CPU-seconds and 5 s on an idle machine. What the tests read
-    back from it is selected by flow run (id, the latest of a flow name, an artifact key
-    newest first), never "every record", so the runs of a module before do not get in the
-    way."""
+def shared_prefect_server(request: pytest.FixtureRequest) -> Iterator[str]:
+    """One Prefect API server (its URL) which the modules use in turn: the xdist
+    controller's, shared by every test process of the run (tests/conftest.py), else one for
+    this process. A start costs about 5 CPU-seconds and 5 s on an idle machine, and an idle
+    server 1.5 CPU-seconds a minute. What the tests read back from it is selected by flow
+    run (id, the latest of a flow name, an artifact key newest first), never "every
+    record", so the runs of other modules and processes do not get in the way."""
+    shared = getattr(request.config, "workerinput", {}).get(SHARED_PREFECT_API)
+    if shared is not None:
+        yield adopt_prefect_server(shared["url"], Path(shared["home"]))
+        return
     with prefect_server(migrated_prefect_db()) as url:
         yield url
 

@@ -12,9 +12,11 @@ test_train_charlm_flow.py; a failure costs 20 s there against 2 s here."""
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from typing import Any
 
+import prefect
 import pytest
 
 from ddpflow.training.batching import MAX_SEED
@@ -60,7 +62,9 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
     ) -> Any:
         before = _stored(project)
         capsys.readouterr()
-        code = cli_exit_code(flow, args, project, address, monkeypatch)
+        tag = f"test-{uuid.uuid4().hex}"  # this run's, in an API other processes share
+        with prefect.tags(tag):
+            code = cli_exit_code(flow, args, project, address, monkeypatch)
         stderr = capsys.readouterr().err
         assert code == 1, stderr[-3000:]
         lines = [line for line in stderr.splitlines() if line.startswith("ddpflow: ")]
@@ -69,7 +73,7 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
         for text in expected:
             assert text in last, last
         assert _stored(project) == before, "nothing stored changed"
-        flow_run = latest_flow_run(flow.name)
+        flow_run = latest_flow_run(flow.name, tag)
         return flow_run, [task.name for task in flow_run_task_runs(flow_run.id)]
 
     return run

@@ -20,10 +20,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import prefect
 import pytest
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL
@@ -101,8 +103,10 @@ def refused(flow_services: str, monkeypatch, capfd):
         # Every line Prefect logs, whichever handlers the test session gave it.
         logged = _Collect()
         logging.getLogger("prefect").addHandler(logged)
+        tag = f"test-{uuid.uuid4().hex}"  # this run's, in an API other processes share
         try:
-            code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
+            with prefect.tags(tag):
+                code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
         finally:
             logging.getLogger("prefect").removeHandler(logged)
         output = capfd.readouterr()
@@ -112,7 +116,7 @@ def refused(flow_services: str, monkeypatch, capfd):
         # Refused before any task: every log line is this process's. Send them all now.
         with contextlib.suppress(RuntimeError):  # none was logged to the API
             APILogWorker.instance().drain()
-        records = flow_run_records(latest_flow_run(train_charlm.name).id)
+        records = flow_run_records(latest_flow_run(train_charlm.name, tag).id)
         assert_clean(json.dumps(records), "Prefect flow run, task runs, logs, artifacts")
         # MLflow's store, the artifact root, the API's database and the results Prefect kept
         # (the failed state's exception) wherever its result storage is.
