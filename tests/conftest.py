@@ -22,12 +22,6 @@ def one_torch_thread() -> Iterator[None]:
 
 
 from tests.helpers.paths import CHECKOUT  # noqa: E402
-from tests.helpers.prefect_harness import (  # noqa: E402
-    SHARED_PREFECT_API,
-    StartedServer,
-    start_prefect_server,
-    stop_prefect_server,
-)
 
 # What a test run may add at the checkout's top: its tools' caches.
 CACHES = {".pytest_cache", ".ruff_cache", ".import_linter_cache", "__pycache__"}
@@ -158,9 +152,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
 # test process (`shared_prefect_server` in tests/integration/conftest.py adopts it): an idle
 # server costs about 1.5 CPU-seconds a minute (Prefect's background worker polls its queue
 # every 0.1 s), so one per test process cost two more such servers for the whole run, plus
-# their starts. A run without xdist, or of unit tests alone, starts none here.
-SHARED_SERVER = pytest.StashKey[StartedServer | None]()
+# their starts. On where the project's pytest settings turn it on (pyproject.toml); a run
+# without xdist, or of unit tests alone, starts none here. The helpers are imported where
+# they are used: test_xdist_groups.py runs this file in a project that has none of them.
+SHARED_SERVER = pytest.StashKey[Any]()
 UNIT_TESTS = CHECKOUT / "tests" / "unit"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(
+        "shared_prefect_server",
+        "xdist's controller starts one Prefect API server for every test process",
+        type="bool",
+        default=False,
+    )
 
 
 def _runs_integration_tests(config: pytest.Config) -> bool:
@@ -175,20 +180,23 @@ def pytest_configure_node(node: Any) -> None:
     bound, and the test processes wait for it when a test first needs it)."""
     config = node.config
     if SHARED_SERVER not in config.stash:
-        from tests.helpers.projects import migrated_prefect_db
+        config.stash[SHARED_SERVER] = None
+        if config.getini("shared_prefect_server") and _runs_integration_tests(config):
+            from tests.helpers.prefect_harness import start_prefect_server
+            from tests.helpers.projects import migrated_prefect_db
 
-        wanted = _runs_integration_tests(config)
-        config.stash[SHARED_SERVER] = (
-            start_prefect_server(migrated_prefect_db(), die_with_this_process=True)
-            if wanted
-            else None
-        )
+            server = start_prefect_server(migrated_prefect_db(), die_with_this_process=True)
+            config.stash[SHARED_SERVER] = server
     server = config.stash[SHARED_SERVER]
     if server is not None:
+        from tests.helpers.prefect_harness import SHARED_PREFECT_API
+
         node.workerinput[SHARED_PREFECT_API] = {"url": server.url, "home": str(server.home)}
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     server = config.stash.get(SHARED_SERVER, None)
     if server is not None:
+        from tests.helpers.prefect_harness import stop_prefect_server
+
         stop_prefect_server(server)

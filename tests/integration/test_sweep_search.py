@@ -367,9 +367,17 @@ def test_a_killed_search_resumes_with_the_same_study(
     for number in kept:  # never trained again
         (run,) = [r for r in children if r.data.tags["ddpflow.optuna_trial"] == str(number)]
         assert run.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
+    # A trial asked just before the kill (as the first completed, its worker came free) may
+    # not have begun its child run: there is none to end. One that trained has its run ended.
+    ended = []
     for number in interrupted:
-        (run,) = [r for r in children if r.data.tags["ddpflow.optuna_trial"] == str(number)]
-        assert (run.info.status, run.data.tags["ddpflow.trial_state"]) == ("KILLED", "INTERRUPTED")
+        mine = [r for r in children if r.data.tags["ddpflow.optuna_trial"] == str(number)]
+        assert len(mine) <= 1, mine
+        for run in mine:
+            status = (run.info.status, run.data.tags["ddpflow.trial_state"])
+            assert status == ("KILLED", "INTERRUPTED"), status
+            ended.append(number)
+    assert ended, "the trial that was training when the flow was killed has its run ended"
     study = json.loads(
         Path(client.download_artifacts(parents[1].info.run_id, "sweep/study.json")).read_text()
     )
