@@ -4,9 +4,10 @@ validation set: the same validation of a split 4 times larger peaks no higher.
 Each size is validated in a fresh process (an allocator that served an earlier run would
 hide what a run needs), by the real image model and the real shard stream; the kernel's
 high-water mark (VmHWM) before and after the validation gives its peak exactly. A
-1,000-class head makes what a validation would keep per batch (its logits: 4 KB an image)
-show: keeping them all, as it once did, added 21 % more at 4x (35 -> 43 MiB over the
-process's peak before validation).
+4,000-class head makes what a validation would keep per batch (its logits: 16 KB an image)
+show: keeping them all, as it once did, would add 24 MiB at 4x. Two runs of the same size
+differ by up to 4 MiB on a loaded machine (the allocator, threads' timing), so the bound is
+a third of what keeping the logits adds, not a share of the peak.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from tests.helpers.paths import CHECKOUT
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 IMAGE_SIZE = 32  # small images: a cheap validation, batches of 64 still dominate it
 BATCH = 64
-CLASSES = 1000
+CLASSES = 4000
 IMAGES = 512  # 8 batches at 1x, 32 at 4x
+# What keeping every batch's float32 logits would add at 4x over 1x.
+KEPT_LOGITS_KIB = 3 * IMAGES * CLASSES * 4 // 1024
 
 
 def _validate(tmp_path: Path, images: int) -> dict:
@@ -54,6 +57,7 @@ def _least(tmp_path: Path, images: int) -> dict:
 def test_validation_memory_does_not_grow_with_the_validation_set(tmp_path: Path):
     once, four_times = _least(tmp_path, IMAGES), _least(tmp_path, 4 * IMAGES)
     assert once["added_kib"] > 5 * 1024, f"the validation raised the peak too little: {once}"
-    assert four_times["added_kib"] <= 1.10 * once["added_kib"], (once, four_times)
+    grown = four_times["added_kib"] - once["added_kib"]
+    assert grown <= KEPT_LOGITS_KIB / 3, (grown, KEPT_LOGITS_KIB, once, four_times)
     assert four_times["after_kib"] <= 1.10 * once["after_kib"], (once, four_times)
     assert 0.0 <= four_times["val_accuracy"] <= 1.0  # it did validate every image
