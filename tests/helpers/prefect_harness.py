@@ -24,8 +24,6 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
-import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,13 +93,7 @@ def stop_prefect_server(server: StartedServer) -> None:
 def adopt_prefect_server(url: str, home: Path, timeout_s: float = 180) -> str:
     """A server another process started (the xdist controller's, `shared_prefect_server`)
     as one this process knows: wait until it answers, remember its database's folder."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/health", timeout=5):
-            break
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the shared Prefect server {url} did not answer in {timeout_s:g} s")
-        time.sleep(0.1)
+    wait_healthy(f"{url}/health", None, timeout_s)
     _HOMES[url] = home
     return url
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -35,10 +37,21 @@ def completed_task_runs(flow_run_id: Any) -> list[str]:
     return [run.name for run in found if run.state and run.state.is_completed()]
 
 
+@contextmanager
+def own_tag() -> Iterator[str]:
+    """A tag of its own on the flow runs started in the block (`prefect.tags`), so that
+    `latest_flow_run(name, tag)` finds this block's run in an API other test processes
+    share, where a test cannot know its run's id."""
+    import prefect
+
+    tag = f"test-{uuid.uuid4().hex}"
+    with prefect.tags(tag):
+        yield tag
+
+
 def latest_flow_run(flow_name: str, tag: str | None = None) -> Any:
     """The flow's last run in the API (flow_services'); with `tag`, its last run with that
-    tag. The test processes of a run share one API (`shared_prefect_server`), so a test
-    that cannot know its run's id runs the flow under a tag of its own (`prefect.tags`)."""
+    tag (own_tag)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         FlowFilter,

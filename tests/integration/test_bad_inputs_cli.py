@@ -12,11 +12,9 @@ test_train_charlm_flow.py; a failure costs 20 s there against 2 s here."""
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
-import prefect
 import pytest
 
 from ddpflow.training.batching import MAX_SEED
@@ -26,7 +24,7 @@ from flows.train_images import train_images
 from infra.services import free_port
 from tests.helpers.in_process import cli_exit_code
 from tests.helpers.pngs import png
-from tests.helpers.prefect_reads import flow_run_task_runs, latest_flow_run
+from tests.helpers.prefect_reads import flow_run_task_runs, latest_flow_run, own_tag
 
 pytestmark = pytest.mark.integration
 
@@ -62,8 +60,7 @@ def fails_naming(flow_services: str, monkeypatch, capsys):
     ) -> Any:
         before = _stored(project)
         capsys.readouterr()
-        tag = f"test-{uuid.uuid4().hex}"  # this run's, in an API other processes share
-        with prefect.tags(tag):
+        with own_tag() as tag:  # this run's, in an API other processes share
             code = cli_exit_code(flow, args, project, address, monkeypatch)
         stderr = capsys.readouterr().err
         assert code == 1, stderr[-3000:]

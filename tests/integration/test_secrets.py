@@ -20,12 +20,10 @@ import subprocess
 import sys
 import textwrap
 import threading
-import uuid
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import prefect
 import pytest
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_API_URL
@@ -34,7 +32,7 @@ from ddpflow.preflight.checks import PreflightError, check_tracking
 from flows.train_charlm import train_charlm
 from tests.helpers.in_process import cli_exit_code
 from tests.helpers.prefect_harness import database_files
-from tests.helpers.prefect_reads import flow_run_records, latest_flow_run
+from tests.helpers.prefect_reads import flow_run_records, latest_flow_run, own_tag
 from tests.helpers.projects import READ_RECORDS, project_env, tiny_charlm
 
 pytestmark = pytest.mark.integration
@@ -103,9 +101,8 @@ def refused(flow_services: str, monkeypatch, capfd):
         # Every line Prefect logs, whichever handlers the test session gave it.
         logged = _Collect()
         logging.getLogger("prefect").addHandler(logged)
-        tag = f"test-{uuid.uuid4().hex}"  # this run's, in an API other processes share
         try:
-            with prefect.tags(tag):
+            with own_tag() as tag:  # this run's, in an API other processes share
                 code = cli_exit_code(train_charlm, args, project, flow_services, monkeypatch, env)
         finally:
             logging.getLogger("prefect").removeHandler(logged)

@@ -114,12 +114,13 @@ def server_env() -> dict[str, str]:
     }
 
 
-def wait_healthy(url: str, server: subprocess.Popen[bytes], timeout_s: float) -> None:
+def wait_healthy(url: str, server: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
     """Wait until the server answers its health `url`; RuntimeError if it exits first or
-    does not answer within `timeout_s`."""
+    does not answer within `timeout_s`. `server` None: a server another process started,
+    whose exit this one cannot see."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if server.poll() is not None:
+        if server is not None and server.poll() is not None:
             raise RuntimeError(f"Prefect's server exited with code {server.returncode}")
         with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=5) as answer:
             if answer.status == 200:
