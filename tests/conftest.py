@@ -135,6 +135,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable
 
 
+@pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """`--dist loadscope` with a group (see `group_of`) as the unit of work."""
     if config.getvalue("dist") != "loadscope":
