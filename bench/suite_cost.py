@@ -195,6 +195,24 @@ class Sampler(threading.Thread):
 
 
 @dataclass(frozen=True)
+class RunOfATest:
+    process: str
+    nodeid: str
+    start: float
+    end: float
+    cpu_s: float
+
+
+def read_timeline(lines: Iterable[str]) -> list[RunOfATest]:
+    """bench.suite_timeline's lines, one per test."""
+    found = []
+    for line in lines:
+        process, start, end, cpu_s, nodeid = line.rstrip("\n").split("\t", 4)
+        found.append(RunOfATest(process, nodeid, float(start), float(end), float(cpu_s)))
+    return found
+
+
+@dataclass(frozen=True)
 class ModuleSpan:
     process: str
     module: str
@@ -202,22 +220,23 @@ class ModuleSpan:
     end: float
     summed_s: float
     tests: int
+    cpu_s: float
 
 
-def module_spans(lines: Iterable[str]) -> list[ModuleSpan]:
-    """Each pytest process's modules in the order they started: first start, last end and
-    summed test time, from bench.suite_timeline's lines; the unit tier is one entry per
-    process ("tests/unit"), its tests being handed out one by one."""
+def module_spans(tests: Iterable[RunOfATest]) -> list[ModuleSpan]:
+    """Each pytest process's modules in the order they started: first start, last end,
+    summed test time and CPU; the unit tier is one entry per process ("tests/unit"), its
+    tests being handed out one by one."""
     spans: dict[tuple[str, str], list[float]] = {}
-    for line in lines:
-        process, start, end, nodeid = line.rstrip("\n").split("\t", 3)
-        path = PurePosixPath(nodeid.split("::", 1)[0])
+    for test in tests:
+        path = PurePosixPath(test.nodeid.split("::", 1)[0])
         module = "tests/unit" if path.parent.name == "unit" else str(path)
-        span = spans.setdefault((process, module), [float(start), float(end), 0.0, 0])
-        span[0], span[1] = min(span[0], float(start)), max(span[1], float(end))
-        span[2] += float(end) - float(start)
+        span = spans.setdefault((test.process, module), [test.start, test.end, 0.0, 0, 0.0])
+        span[0], span[1] = min(span[0], test.start), max(span[1], test.end)
+        span[2] += test.end - test.start
         span[3] += 1
-    found = [ModuleSpan(p, m, s, e, d, int(n)) for (p, m), (s, e, d, n) in spans.items()]
+        span[4] += test.cpu_s
+    found = [ModuleSpan(p, m, s, e, d, int(n), c) for (p, m), (s, e, d, n, c) in spans.items()]
     return sorted(found, key=lambda span: (span.process, span.start))
 
 
@@ -225,14 +244,27 @@ def print_spans(spans: list[ModuleSpan], at_least_s: float = 5.0) -> None:
     if not spans:
         return
     zero = min(span.start for span in spans)
-    print("\nmodules by pytest process (s from the first test; sum = summed test time):")
+    print(
+        "\nmodules by pytest process (s from the first test; sum = summed test time; cpu ="
+        " CPU-s of the pytest process's tree over its tests):"
+    )
     for process in sorted({span.process for span in spans}):
         print(f"  {process}")
         for span in (s for s in spans if s.process == process and s.summed_s >= at_least_s):
             print(
                 f"    {span.start - zero:6.0f} {span.end - zero:6.0f}  sum {span.summed_s:5.0f}"
-                f"  {span.tests:4d} tests  {span.module}"
+                f"  cpu {span.cpu_s:5.0f}  {span.tests:4d} tests  {span.module}"
             )
+
+
+def print_costliest(tests: list[RunOfATest], count: int = 30) -> None:
+    """The tests that cost the most CPU (a module's fixtures count for its first test)."""
+    if not tests:
+        return
+    total = sum(t.cpu_s for t in tests)
+    print(f"\nthe {count} costliest tests ({total:.0f} CPU-s in the pytest processes' trees):")
+    for test in sorted(tests, key=lambda t: -t.cpu_s)[:count]:
+        print(f"  {test.cpu_s:6.1f} CPU-s {test.end - test.start:6.1f} s  {test.nodeid}")
 
 
 def run_suite(pytest_args: list[str], reference_s: float) -> list[Result]:
@@ -254,7 +286,8 @@ def run_suite(pytest_args: list[str], reference_s: float) -> list[Result]:
         wall_s = time.monotonic() - started
         by_kind = sampler.stop()
         busy1, all1 = machine_cpu_s()
-    spans = module_spans(line for f in sorted(timeline.glob("*.tsv")) for line in f.open())
+    tests = read_timeline(line for f in sorted(timeline.glob("*.tsv")) for line in f.open())
+    spans = module_spans(tests)
     shutil.rmtree(timeline, ignore_errors=True)
     suite_cpu_s = busy1 - busy0
     busy_share = suite_cpu_s / (all1 - all0)
@@ -264,10 +297,14 @@ def run_suite(pytest_args: list[str], reference_s: float) -> list[Result]:
     for kind, seconds in by_kind.most_common():
         print(f"  {seconds:7.0f}  {kind}")
     print_spans(spans)
+    print_costliest(tests)
     extra = {
         "exit_code": exit_code,
         "busy_share": round(busy_share, 3),
         "cpu_s_by_kind": {k: round(v) for k, v in by_kind.most_common()},
+        "costliest_tests_cpu_s": {
+            t.nodeid: round(t.cpu_s, 1) for t in sorted(tests, key=lambda t: -t.cpu_s)[:30]
+        },
     }
     return [
         Result(

@@ -34,6 +34,7 @@ def swept(flow_services, tmp_path_factory) -> dict[str, Any]:
         sampler="grid",
         pruner="none",
         epochs=1,
+        image_size=16,  # what is tested is the sweep, not how well a trial learns
         batch_size=64,
         lr=0.003,
         experiment=EXPERIMENT,

@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from bench.suite_cost import REPO, kind_of, make_test_args, module_spans
+from bench.suite_cost import REPO, kind_of, make_test_args, module_spans, read_timeline
 
 FORKSERVER = (
     "/x/.venv/bin/python -B -c from multiprocessing.forkserver import main; main(29, 32, "
@@ -49,19 +49,22 @@ def test_a_process_is_told_by_its_command_line_and_a_worker_by_its_parent(comman
 
 def test_modules_are_spans_per_process_in_start_order_and_the_unit_tier_is_one():
     lines = [
-        "gw0\t100.0\t130.0\ttests/integration/test_b.py::test_1\n",
-        "gw0\t10.0\t40.0\ttests/integration/test_a.py::test_1\n",
-        "gw0\t40.0\t90.0\ttests/integration/test_a.py::test_2[x::y]\n",
-        "gw1\t12.0\t13.0\ttests/unit/test_u.py::test_1\n",
-        "gw1\t20.0\t22.0\ttests/unit/test_v.py::test_1\n",
+        "gw0\t100.0\t130.0\t7.50\ttests/integration/test_b.py::test_1\n",
+        "gw0\t10.0\t40.0\t20.25\ttests/integration/test_a.py::test_1\n",
+        "gw0\t40.0\t90.0\t1.50\ttests/integration/test_a.py::test_2[x::y]\n",
+        "gw1\t12.0\t13.0\t0.50\ttests/unit/test_u.py::test_1\n",
+        "gw1\t20.0\t22.0\t0.25\ttests/unit/test_v.py::test_1\n",
     ]
+    tests = read_timeline(lines)
+    assert tests[2].nodeid == "tests/integration/test_a.py::test_2[x::y]"
     spans = [
-        (s.process, s.module, s.start, s.end, s.summed_s, s.tests) for s in module_spans(lines)
+        (s.process, s.module, s.start, s.end, s.summed_s, s.tests, s.cpu_s)
+        for s in module_spans(tests)
     ]
     assert spans == [
-        ("gw0", "tests/integration/test_a.py", 10.0, 90.0, 80.0, 2),
-        ("gw0", "tests/integration/test_b.py", 100.0, 130.0, 30.0, 1),
-        ("gw1", "tests/unit", 12.0, 22.0, 3.0, 2),
+        ("gw0", "tests/integration/test_a.py", 10.0, 90.0, 80.0, 2, 21.75),
+        ("gw0", "tests/integration/test_b.py", 100.0, 130.0, 30.0, 1, 7.5),
+        ("gw1", "tests/unit", 12.0, 22.0, 3.0, 2, 0.75),
     ]
 
 
