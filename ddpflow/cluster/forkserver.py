@@ -13,6 +13,7 @@ ddpflow.cluster.workers.WORKER_CLI_ARGS): Dask imports it in that process and ca
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Iterable
 from typing import Any
 
 import dask
@@ -26,8 +27,10 @@ import distributed
 # initialise CUDA, so a forked worker can still use its GPU. None reads a setting ddpflow
 # gives workers: MLflow reads only its logging switches (MLFLOW_LOGGING_LEVEL,
 # MLFLOW_CONFIGURE_LOGGING) at import, the tracking URI and the rest when used. Prefect is
-# left out: it reads its settings (PREFECT_API_URL) when imported, and a worker must read the
-# ones its nanny gives it, not the ones of the process the server forked from.
+# not in this list: the library runs without it. It reads its settings (PREFECT_API_URL)
+# when imported, and a worker must use the ones its nanny gives it, not the ones of the
+# process the server forked from; the flows add it (`preload_also`) with a worker preload
+# that reads them anew (ddpflow.integrations.prefect.flow_workers).
 # Two more modules every training worker imports the first time it trains: torch._dynamo
 # (building any torch optimizer imports it, 1.4 CPU-s) and MLflow's SQL store (rank 0 and
 # evaluation logging to a local sqlite: store, 0.75 CPU-s). Neither starts a thread; the
@@ -43,13 +46,28 @@ FORKSERVER_PRELOAD = [
 ]
 
 
+# What a caller's workers import besides (preload_also), in the order added.
+_ALSO_PRELOADED: list[str] = []
+
+
+def preload_also(modules: Iterable[str]) -> None:
+    """Add `modules` to what the forkserver imports, for the workers of this process's
+    clusters. A process starts its forkserver with its first cluster and keeps it, with the
+    list it started with: so this goes before that one. A module that cannot be imported
+    there is skipped (the standard library's forkserver ignores its ImportError)."""
+    for module in modules:
+        if module not in _ALSO_PRELOADED:
+            _ALSO_PRELOADED.append(module)
+
+
 def fork_workers_from_a_preloaded_server() -> None:
     """Make this process's nannies start their workers from a forkserver that preloads
-    FORKSERVER_PRELOAD. Dask sets its own preload list the first time it builds the context,
-    so that call comes first and this list replaces it."""
+    FORKSERVER_PRELOAD and what `preload_also` added. Dask sets its own preload list the
+    first time it builds the context, so that call comes first and this list replaces it."""
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
     distributed.utils.get_mp_context()
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    preload = [*FORKSERVER_PRELOAD, *_ALSO_PRELOADED]
+    multiprocessing.get_context("forkserver").set_forkserver_preload(preload)
 
 
 def dask_setup(nanny: Any) -> None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from ddpflow.cluster.build import local_cluster
+from ddpflow.integrations.prefect.flow_workers import prepare_flow_workers
 from infra import stack
 from infra.state import StackState
 from tests.helpers.charlm_runs import TINY, final_weights
@@ -28,6 +29,15 @@ from tests.helpers.projects import (
 from tests.helpers.s3_servers import seaweedfs_server
 from tests.helpers.session_folder import session_folder
 from tests.helpers.slurm_cluster import Slurm, slurm_cluster
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flow_process() -> None:
+    """This process runs flows in its own process (run_in_process), as a flow's command
+    does: so its clusters' workers are prepared as a flow prepares its own (Prefect in their
+    forkserver, its settings read anew in each worker: flow_workers), before its first
+    cluster starts the process's one forkserver."""
+    prepare_flow_workers()
 
 
 @pytest.fixture(scope="module")

@@ -57,7 +57,9 @@ def start_early(api_url: str) -> None:
 
 def _start(num_workers: int, api_url: str, tls: bool) -> distributed.LocalCluster:
     from ddpflow.cluster.build import local_cluster
+    from ddpflow.integrations.prefect.flow_workers import prepare_flow_workers
 
+    prepare_flow_workers()
     return local_cluster(num_workers, env={"PREFECT_API_URL": api_url}, tls=tls)
 
 

@@ -24,6 +24,7 @@ from ddpflow.cluster.build import build_cluster, local_cluster, task_placement
 from ddpflow.config import CLUSTER_OPTIONS_ENV, ConfigError, Settings
 from ddpflow.distributed import cluster_workers
 from ddpflow.integrations.prefect import early_api, early_cluster
+from ddpflow.integrations.prefect.flow_workers import prepare_flow_workers
 
 DEFAULT_WAIT_FOR_WORKERS_S = 600.0
 DASHBOARD_LINE = "The Dask dashboard is available at"  # prefect-dask's words
@@ -150,6 +151,7 @@ def _local_cluster_for_flow(
         get_logger("task_runner").info(early_cluster.ADOPTED)
         return early
     env = {"PREFECT_API_URL": url} if url else None
+    prepare_flow_workers()
     cluster = local_cluster(num_workers, env=env, tls=tls, **options)
     get_logger("task_runner").info(f"started a Dask LocalCluster of {num_workers} workers")
     return cluster
