@@ -257,13 +257,20 @@ def print_spans(spans: list[ModuleSpan], at_least_s: float = 5.0) -> None:
             )
 
 
-def print_costliest(tests: list[RunOfATest], count: int = 30) -> None:
-    """The tests that cost the most CPU (a module's fixtures count for its first test)."""
+COSTLIEST = 30  # tests printed and recorded by their CPU
+
+
+def costliest(tests: list[RunOfATest]) -> list[RunOfATest]:
+    """The COSTLIEST tests by CPU (a module's fixtures count for its first test)."""
+    return sorted(tests, key=lambda t: -t.cpu_s)[:COSTLIEST]
+
+
+def print_costliest(tests: list[RunOfATest]) -> None:
     if not tests:
         return
     total = sum(t.cpu_s for t in tests)
-    print(f"\nthe {count} costliest tests ({total:.0f} CPU-s in the pytest processes' trees):")
-    for test in sorted(tests, key=lambda t: -t.cpu_s)[:count]:
+    print(f"\nthe {COSTLIEST} costliest tests ({total:.0f} CPU-s in the pytest processes' trees):")
+    for test in costliest(tests):
         print(f"  {test.cpu_s:6.1f} CPU-s {test.end - test.start:6.1f} s  {test.nodeid}")
 
 
@@ -302,9 +309,7 @@ def run_suite(pytest_args: list[str], reference_s: float) -> list[Result]:
         "exit_code": exit_code,
         "busy_share": round(busy_share, 3),
         "cpu_s_by_kind": {k: round(v) for k, v in by_kind.most_common()},
-        "costliest_tests_cpu_s": {
-            t.nodeid: round(t.cpu_s, 1) for t in sorted(tests, key=lambda t: -t.cpu_s)[:30]
-        },
+        "costliest_tests_cpu_s": {t.nodeid: round(t.cpu_s, 1) for t in costliest(tests)},
     }
     return [
         Result(

@@ -12,16 +12,13 @@ a third of what keeping the logits adds, not a share of the peak.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ddpflow.shards.index import write_records
-from tests.helpers.paths import CHECKOUT
+from tests.helpers.json_script import json_answer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 IMAGE_SIZE = 32  # small images: a cheap validation, batches of 64 still dominate it
@@ -37,13 +34,9 @@ def _validate(tmp_path: Path, images: int) -> dict:
     records = rng.integers(0, 256, (images, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
     uri = str(tmp_path / f"val-{images}.shards.json")
     write_records(uri, records, rng.integers(0, CLASSES, images).tolist(), per_shard=128)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.validation_memory", uri, str(BATCH),
-         str(CLASSES)],
-        cwd=CHECKOUT, capture_output=True, text=True, timeout=240, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    found = json.loads(done.stdout.strip().splitlines()[-1])
+    found = json_answer(
+        "tests.helpers.validation_memory", uri, str(BATCH), str(CLASSES), timeout_s=240
+    )
     found["added_kib"] = found["after_kib"] - found["before_kib"]
     return found
 

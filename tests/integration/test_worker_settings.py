@@ -7,9 +7,6 @@ hands them over, so this asks one real worker (one LocalCluster worker, a few se
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +16,7 @@ import pytest
 
 from ddpflow.cluster.build import local_cluster
 from tests.helpers.flow_worker_probe import NANNY_URL
-from tests.helpers.paths import CHECKOUT
+from tests.helpers.json_script import json_answer
 
 pytestmark = pytest.mark.integration
 
@@ -76,12 +73,7 @@ def test_the_nanny_runs_with_the_same_slow_monitors(worker_client) -> None:
 
 
 def _probe(*args: str) -> dict[str, Any]:
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.helpers.flow_worker_probe", *args],
-        cwd=CHECKOUT, capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return json_answer("tests.helpers.flow_worker_probe", *args, timeout_s=300)
 
 
 # ddpflow/integrations/prefect/flow_workers.py: a flow's workers fork with Prefect imported
