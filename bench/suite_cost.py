@@ -46,6 +46,7 @@ from bench.suite_timeline import TIMELINE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_EVERY_S = 2.0
+COSTLIEST_PROCESSES = 25
 REFERENCE_STEPS = 200
 REFERENCE_RUNS = 3  # before the suite, and as many after
 # 12 minutes: the time `make test` is to take on 2 cores (docs/testing.md).
@@ -125,6 +126,14 @@ class Seen:
     kind: str
     cpu_at_first_sight: float  # subtracted for a process that was there before the run
     cpu: float
+    command: str
+    parent_command: str
+    first_seen: float  # time.monotonic()
+    last_seen: float
+
+    @property
+    def cpu_s(self) -> float:
+        return self.cpu - self.cpu_at_first_sight
 
 
 def _proc_stat(pid: str) -> tuple[str, float, str] | None:
@@ -172,11 +181,14 @@ class Sampler(threading.Thread):
                 continue
             parent, cpu, started = stat
             known = self.seen.get((pid, started))
+            now = time.monotonic()
             if known is None:
-                kind = kind_of(_command(pid), _command(parent))
-                known = Seen(kind, cpu if self._first else 0.0, cpu)
+                command, parent_command = _command(pid), _command(parent)
+                kind = kind_of(command, parent_command)
+                first_cpu = cpu if self._first else 0.0
+                known = Seen(kind, first_cpu, cpu, command, parent_command, now, now)
                 self.seen[(pid, started)] = known
-            known.cpu = cpu
+            known.cpu, known.last_seen = cpu, now
         self._first = False
 
     def run(self) -> None:
@@ -190,8 +202,22 @@ class Sampler(threading.Thread):
         self.sample()
         by_kind: Counter[str] = Counter()
         for seen in self.seen.values():
-            by_kind[seen.kind] += seen.cpu - seen.cpu_at_first_sight
+            by_kind[seen.kind] += seen.cpu_s
         return by_kind
+
+    def costliest(self, count: int = COSTLIEST_PROCESSES) -> list[Seen]:
+        """The `count` processes that used the most CPU while sampled."""
+        return sorted(self.seen.values(), key=lambda seen: -seen.cpu_s)[:count]
+
+
+def print_costliest_processes(processes: list[Seen], width: int = 110) -> None:
+    """One line each: CPU seconds, seconds seen alive, kind, command line and the parent's
+    (which names the test or server that started it)."""
+    print(f"\nThe {len(processes)} costliest processes (CPU-s, seen alive s, kind, command):")
+    for seen in processes:
+        alive_s = seen.last_seen - seen.first_seen
+        print(f"  {seen.cpu_s:6.1f} {alive_s:6.0f}  {seen.kind}: {seen.command[:width]}")
+        print(f"  {'':14} parent: {seen.parent_command[:width]}")
 
 
 @dataclass(frozen=True)
@@ -305,6 +331,7 @@ def run_suite(pytest_args: list[str], reference_s: float) -> list[Result]:
         print(f"  {seconds:7.0f}  {kind}")
     print_spans(spans)
     print_costliest(tests)
+    print_costliest_processes(sampler.costliest())
     extra = {
         "exit_code": exit_code,
         "busy_share": round(busy_share, 3),

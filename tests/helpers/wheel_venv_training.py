@@ -120,7 +120,12 @@ def main(folder: Path) -> None:
     tracking_uri = f"sqlite:///{folder / 'mlflow.db'}"
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=None
+            n_workers=2,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            # Not None: that still serves HTTP, on 8787 when it is free, where the compose
+            # stack's dashboard (tests/compose_stack), running beside this test, publishes.
+            dashboard_address="127.0.0.1:0",
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

@@ -9,6 +9,7 @@ import logging
 import distributed
 import pytest
 
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
 from ddpflow.integrations.prefect.task_runner import DASHBOARD_LINE, PlacingDaskTaskRunner
 
 pytestmark = pytest.mark.integration
@@ -16,9 +17,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("dashboard", [False, True])
 def test_the_dashboard_line_only_for_a_dashboard_that_answers(dashboard, caplog):
-    address = "127.0.0.1:0" if dashboard else None
+    # Either way its HTTP server takes a free port on loopback: without an address it would
+    # take 8787, which the compose stack's dashboard publishes while other modules run.
     with distributed.LocalCluster(
-        n_workers=0, processes=False, protocol="tcp", host="127.0.0.1", dashboard_address=address
+        n_workers=0,
+        processes=False,
+        protocol="tcp",
+        host="127.0.0.1",
+        scheduler_kwargs={"dashboard": dashboard, "dashboard_address": LOOPBACK_DASHBOARD},
     ) as cluster:
         caplog.set_level(logging.INFO)
         runner = PlacingDaskTaskRunner(address=cluster.scheduler_address)

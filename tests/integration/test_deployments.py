@@ -22,6 +22,7 @@ from tests.helpers.charlm_runs import STEPPED_SOURCE
 from tests.helpers.prefect_api import (
     FINAL_STATES,
     artifacts,
+    create_flow_run,
     deployment,
     flow_run,
     flow_run_logs,
@@ -191,10 +192,12 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     first_run = start_deployment(
         deployed, RETRAIN, training={"model_name": name, "epochs": 1, "lr": 0.01, **TINY}
     )
-    wait_for_state(deployed, first_run, {"RUNNING"}, timeout_s=300)
-    worse_run = start_deployment(
-        deployed, RETRAIN, training={"model_name": name, "epochs": 1, "lr": 1e-5, **TINY}
-    )
+    # Once the worker has taken the first (its slot held from Pending on), the second: made
+    # then, it waits; made once the first runs, through the command line (seconds to start)
+    # and the worker's 2-s poll, it came after the first had ended on a fast machine.
+    wait_for_state(deployed, first_run, {"PENDING", "RUNNING"}, timeout_s=300)
+    worse = {"model_name": name, "epochs": 1, "lr": 1e-5, **TINY}
+    worse_run = create_flow_run(deployed, RETRAIN, {"training": worse})
     # docs/deployments.md "Concurrency": a retrain that fires while the previous one runs
     # waits (ENQUEUE).
     for run_id in (first_run, worse_run):

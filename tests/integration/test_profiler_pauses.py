@@ -9,6 +9,8 @@ import dask
 import distributed
 import pytest
 
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
+
 pytestmark = pytest.mark.integration
 
 
@@ -38,7 +40,7 @@ def test_overlapping_pauses_keep_the_profiler_stopped_until_the_last_ends() -> N
     with (
         dask.config.set({"distributed.worker.profile.enabled": True}),
         distributed.LocalCluster(
-            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=None
+            n_workers=1, threads_per_worker=2, processes=True, dashboard_address=LOOPBACK_DASHBOARD
         ) as cluster,
         distributed.Client(cluster) as client,
     ):

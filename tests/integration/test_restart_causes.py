@@ -9,6 +9,7 @@ import distributed
 import pytest
 import torch
 
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
 from ddpflow.distributed.context import RankContext
 from ddpflow.distributed.supervisor.failures import (
     FailureKind,
@@ -113,7 +114,9 @@ def test_workers_that_do_not_come_back_are_named_with_the_fix():
     # docs/multi-host.md "When a host fails": without --min-workers, a run whose workers do
     # not come back fails naming the heal timeout and --min-workers (not Dask's bare timeout).
     with (
-        distributed.LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        distributed.LocalCluster(
+            n_workers=1, processes=False, dashboard_address=LOOPBACK_DASHBOARD
+        ) as cluster,
         distributed.Client(cluster) as client,
     ):
         with pytest.raises(WorkersNotBack, match=r"only 1 of 2 were back within 0.5s") as info:

@@ -7,6 +7,7 @@ import logging
 import distributed
 import pytest
 
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
 from ddpflow.integrations.prefect.task_runner import PlacingDaskTaskRunner
 
 pytestmark = pytest.mark.integration
@@ -24,7 +25,11 @@ class SlowToClose(distributed.LocalCluster):
 def test_a_close_that_times_out_is_logged_not_raised(caplog):
     runner = PlacingDaskTaskRunner(
         cluster_class=SlowToClose,
-        cluster_kwargs={"n_workers": 1, "processes": False, "dashboard_address": None},
+        cluster_kwargs={
+            "n_workers": 1,
+            "processes": False,
+            "dashboard_address": LOOPBACK_DASHBOARD,
+        },
     )
     caplog.set_level(logging.WARNING, logger="ddpflow.integrations.prefect.task_runner")
     with runner:
@@ -41,7 +46,11 @@ def test_other_errors_on_close_still_raise():
 
     runner = PlacingDaskTaskRunner(
         cluster_class=Broken,
-        cluster_kwargs={"n_workers": 1, "processes": False, "dashboard_address": None},
+        cluster_kwargs={
+            "n_workers": 1,
+            "processes": False,
+            "dashboard_address": LOOPBACK_DASHBOARD,
+        },
     )
     with pytest.raises(RuntimeError, match="scheduler state is corrupt"), runner:
         runner.client.submit(sum, [1]).result()

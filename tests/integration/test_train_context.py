@@ -12,6 +12,7 @@ from torch import nn
 
 import ddpflow
 from ddpflow.api import check_callbacks, check_tracking, check_train
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
 from ddpflow.distributed.context import RankContext
 from ddpflow.training.context import TrainContext
 from ddpflow.training.settings import TrainSettings, check_seed
@@ -182,7 +183,7 @@ def test_bad_run_options_fail_before_any_work(tmp_path: Path, option, message):
 
     store = tmp_path / "mlflow.db"
     with (
-        LocalCluster(n_workers=1, processes=False, dashboard_address=None) as cluster,
+        LocalCluster(n_workers=1, processes=False, dashboard_address=LOOPBACK_DASHBOARD) as cluster,
         Client(cluster) as client,
         pytest.raises(ValueError, match=message),
     ):
