@@ -206,7 +206,7 @@ def test_the_wheel_without_extras_trains_on_dask_without_prefect_or_plots(
         # bootstrap there.
         pip = [sys.executable, "-m", "pip", "--python", str(python)]
         install = subprocess.run(
-            [*pip, "install", "-q", "-c", str(CHECKOUT / "constraints.txt"), str(library_wheel)],
+            [*pip, "install", "-q", "--no-compile", "-c", str(CHECKOUT / "constraints.txt"), str(library_wheel)],
             capture_output=True,
             text=True,
             timeout=900,
