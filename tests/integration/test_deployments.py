@@ -101,14 +101,6 @@ def watched(output: str) -> tuple[list[str], list[str]]:
     return items, last[own:]
 
 
-def start_deployment(env: dict[str, str], name: str, **params: object) -> str:
-    """`prefect deployment run` without --watch: the new flow run's id."""
-    output = prefect(env, "deployment", "run", name, *_param_flags(params))
-    found = re.search(r"UUID: ([0-9a-f-]{36})", output)
-    assert found, output
-    return found.group(1)
-
-
 @pytest.fixture(scope="module")
 def deployed(stack) -> dict[str, str]:
     prefect(stack, "--no-prompt", "deploy", "--prefect-file", "deployments/prefect.yaml", "--all")
@@ -184,20 +176,18 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     client = MlflowClient(deployed["MLFLOW_TRACKING_URI"])
     name = "ddpflow-charlm-retrain"
 
-    def retrain(**params: object) -> str:
-        run_deployment(deployed, RETRAIN, training={"model_name": name, **TINY, **params})
-        return client.get_model_version_by_alias(name, "champion").version
+    # The runs start as the schedule starts them, through the API (the command line a user
+    # types is the first test's and the last's).
+    def start(**params: object) -> str:
+        return create_flow_run(deployed, RETRAIN, {"training": {"model_name": name, **params}})
 
-    # The first two start together: the second is the schedule firing while a retrain runs.
-    first_run = start_deployment(
-        deployed, RETRAIN, training={"model_name": name, "epochs": 1, "lr": 0.01, **TINY}
-    )
-    # Once the worker has taken the first (its slot held from Pending on), the second: made
-    # then, it waits; made once the first runs, through the command line (seconds to start)
-    # and the worker's 2-s poll, it came after the first had ended on a fast machine.
+    first_run = start(epochs=1, lr=0.01, **TINY)
+    # The second once the worker has taken the first, which holds the deployment's slot from
+    # Pending on. Made once the first was running (and through the command line, seconds to
+    # start), it reached the worker (a poll each 2 s) after the first had ended on a fast
+    # machine, and never waited.
     wait_for_state(deployed, first_run, {"PENDING", "RUNNING"}, timeout_s=300)
-    worse = {"model_name": name, "epochs": 1, "lr": 1e-5, **TINY}
-    worse_run = create_flow_run(deployed, RETRAIN, {"training": worse})
+    worse_run = start(epochs=1, lr=1e-5, **TINY)
     # docs/deployments.md "Concurrency": a retrain that fires while the previous one runs
     # waits (ENQUEUE).
     for run_id in (first_run, worse_run):
@@ -216,7 +206,10 @@ def test_retrain_promotes_only_a_better_challenger(deployed):
     assert awaited < first_ended <= worse_started, "queued while the first ran, then ran"
     first = client.get_model_version_by_alias(name, "champion").version
 
-    better = retrain(epochs=2, lr=0.01)  # twice the first's training: a lower loss
+    better_run = start(epochs=2, lr=0.01, **TINY)  # twice the first's training: a lower loss
+    better_end = wait_for_state(deployed, better_run, FINAL_STATES, timeout_s=400)
+    assert better_end["state"]["type"] == "COMPLETED", better_end["state"]
+    better = client.get_model_version_by_alias(name, "champion").version
     assert better != first, "a better challenger takes the alias"
 
     runs = {
