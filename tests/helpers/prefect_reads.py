@@ -75,8 +75,7 @@ def latest_flow_run(flow_name: str, tag: str | None = None) -> Any:
 
 def flow_run_records(flow_run_id: Any) -> dict:
     """The flow run, its task runs (states and their messages), logs and artifacts as the
-    API (flow_services') holds them, in the shape prefect_records gives a project's
-    database."""
+    API (flow_services') holds them, as Prefect's client gives them."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (
         ArtifactFilter,

@@ -33,13 +33,29 @@ from flows.train_charlm import train_charlm
 from tests.helpers.in_process import cli_exit_code
 from tests.helpers.prefect_harness import database_files
 from tests.helpers.prefect_reads import flow_run_records, latest_flow_run, own_tag
-from tests.helpers.projects import READ_RECORDS, project_env, tiny_charlm
+from tests.helpers.projects import project_env, tiny_charlm
 
 pytestmark = pytest.mark.integration
 # Distinctive, so a match cannot be a coincidence.
 PASSWORD, KEY = "Pw-7q1xZ", "Kx-93vQ"
 # Refused before any training: the flow's own default source.
 TINY = tiny_charlm(1, source=None)
+
+# Prefect's records read back through its client, in the process that ran the flow (its
+# embedded API still up): every flow run, task run (state and message), log and artifact.
+READ_RECORDS = """
+import json
+from prefect.client.orchestration import get_client
+
+with get_client(sync_client=True) as client:
+    records = {
+        "flow_runs": [r.model_dump(mode="json") for r in client.read_flow_runs()],
+        "task_runs": [r.model_dump(mode="json") for r in client.read_task_runs()],
+        "logs": [r.model_dump(mode="json") for r in client.read_logs()],
+        "artifacts": [r.model_dump(mode="json") for r in client.read_artifacts()],
+    }
+print(json.dumps(records))
+"""
 
 # A flow of its own (no parameters) that hands the download task a source with credentials:
 # the task's error, its state and the flow's state must not repeat them.
