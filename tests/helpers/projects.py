@@ -144,8 +144,8 @@ def run_in_project(
 
 
 def prefect_records(project: Path) -> dict[str, list[dict[str, Any]]]:
-    """Every flow run and artifact in the project's Prefect database, oldest first, with the
-    names Prefect's API gives their fields (an artifact's `data` decoded).
+    """Every flow run, task run and artifact in the project's Prefect database, oldest
+    first, with the names Prefect's API gives their fields (an artifact's `data` decoded).
 
     Read from the file: the flow's embedded API stopped with it, and a client would start
     another on the database (6.6 CPU-seconds for one read, 2026-12-07); the file answers in
@@ -153,12 +153,13 @@ def prefect_records(project: Path) -> dict[str, list[dict[str, Any]]]:
     with contextlib.closing(sqlite3.connect(project / ".prefect" / "prefect.db")) as db:
         db.row_factory = sqlite3.Row
         flow_runs = [dict(row) for row in db.execute("SELECT * FROM flow_run ORDER BY created")]
+        task_runs = [dict(row) for row in db.execute("SELECT * FROM task_run ORDER BY created")]
         artifacts = [dict(row) for row in db.execute("SELECT * FROM artifact ORDER BY created")]
     for artifact in artifacts:
         # A JSON column: SQLite hands numbers back as numbers, anything else as JSON text.
         if isinstance(artifact["data"], str):
             artifact["data"] = json.loads(artifact["data"])
-    return {"flow_runs": flow_runs, "artifacts": artifacts}
+    return {"flow_runs": flow_runs, "task_runs": task_runs, "artifacts": artifacts}
 
 
 def run_flow(
