@@ -31,7 +31,7 @@ from ddpflow.tracking.inspection import (
 from flows.params import RetrainParams
 from flows.retrain_charlm import retrain_charlm
 from flows.summary import mlflow_ui_hint
-from infra.services import free_port, start_mlflow, start_prefect_server, stop
+from infra.services import free_port, start_mlflow, stop
 from tests.helpers.browser import chromium
 from tests.helpers.charlm_runs import SMALL_SOURCE
 from tests.helpers.in_process import run_in_process
@@ -58,14 +58,10 @@ def screenshots(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Iterator[dict[str, Any]]:
+def trained(prefect_api_url, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """The retraining, run in this process on the LocalCluster the flow starts (as a user's
-    run without DDPFLOW_DASK_ADDRESS does), with both servers up and set as a user sets
-    them."""
-    from prefect.events.worker import EventsWorker
-    from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
+    run without DDPFLOW_DASK_ADDRESS does), with an MLflow server of its own and the run's
+    Prefect server (the shared one, this process's API), set as a user sets them."""
     project = tmp_path_factory.mktemp("inspection")
     logs = project / "logs"
     logs.mkdir()
@@ -73,27 +69,18 @@ def trained(tmp_path_factory) -> Iterator[dict[str, Any]]:
         free_port(), f"sqlite:///{project / 'mlflow-server.db'}", str(project / "mlartifacts"),
         env={}, log_dir=logs,
     )  # fmt: skip
-    prefect_service = start_prefect_server(free_port(), project / "prefect-server", logs)
     try:
         env = {
             "MLFLOW_TRACKING_URI": mlflow_service.url,
-            "PREFECT_API_URL": prefect_service.url,
+            "PREFECT_API_URL": prefect_api_url,
             # A sample a second, so a training of a few seconds has several per rank.
             "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "1",
         }
-        with (
-            pytest.MonkeyPatch.context() as patch,
-            temporary_settings({PREFECT_API_URL: prefect_service.url}),
-        ):
+        with pytest.MonkeyPatch.context() as patch:
             state = run_in_process(
                 retrain_charlm, project, None, patch, env,
                 training=RetrainParams(**ONE_EPOCH), return_state=True,
             )  # fmt: skip
-            # Send the flow's last logs and events while the server is up (as
-            # prefect_test_harness does before it stops its own): at exit they would be
-            # retried against a stopped server for a minute.
-            APILogWorker.instance().drain()
-            EventsWorker.drain_all()
         assert state.is_completed(), state
         client = MlflowClient(mlflow_service.url)
         experiment = client.get_experiment_by_name(EXPERIMENT)
@@ -102,12 +89,11 @@ def trained(tmp_path_factory) -> Iterator[dict[str, Any]]:
             "project": project,
             "client": client,
             "mlflow_url": mlflow_service.url,
-            "prefect_url": prefect_service.url,
+            "prefect_url": prefect_api_url,
             "experiment": experiment,
             "run": run,
         }
     finally:
-        stop(prefect_service)
         stop(mlflow_service)
 
 
@@ -118,10 +104,12 @@ def prefect_post(trained: dict[str, Any], path: str, body: dict[str, Any]) -> An
 
 
 def artifact(trained: dict[str, Any], key: str) -> dict[str, Any]:
-    (latest,) = prefect_post(
-        trained, "/artifacts/latest/filter", {"artifacts": {"key": {"any_": [key]}}}
-    )
-    return latest
+    """The training's last artifact with `key` (the server also holds other modules' runs)."""
+    run_id = trained["run"].data.tags["prefect.flow_run_id"]
+    where = {"key": {"any_": [key]}, "flow_run_id": {"any_": [run_id]}}
+    found = prefect_post(trained, "/artifacts/filter", {"artifacts": where, "sort": "CREATED_DESC"})
+    assert found, f"no artifact {key!r} of flow run {run_id}"
+    return found[0]
 
 
 def flow_run(trained: dict[str, Any]) -> dict[str, Any]:
