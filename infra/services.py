@@ -9,6 +9,7 @@ enables it.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import uuid
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ddpflow.integrations.prefect import db_template as prefect_db_template
 from infra.dask_service import dask_workers_seen, start_dask
 from infra.procs import (
     Service,
@@ -155,6 +157,11 @@ def start_prefect_server(
     if auth_string:  # in the environment, not argv: `ps` shows argv to every local user
         settings["PREFECT_SERVER_API_AUTH_STRING"] = auth_string
     env = base_env(settings)
+    # A new home starts on a copy of the migrated database `make venv` built, as a flow's
+    # embedded API does: ready in 3.9 s and 5.0 CPU-seconds instead of 9.6 s and 10.1 for a
+    # server that migrates a new one (2026-12-07). An existing database is never replaced.
+    template = prefect_db_template.TEMPLATE_VARIABLE  # base_env drops it with DDPFLOW_*
+    prefect_db_template.seed({**env, template: os.environ.get(template, "")})
     service = spawn("prefect-server", argv, env, log_dir, cwd=prefect_home)
     # uvicorn shuts down cleanly on SIGINT (Ctrl-C), as a terminal would stop it.
     service.stop_signal = int(signal.SIGINT)

@@ -3,10 +3,12 @@ leaving no process behind."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import socket
+import sqlite3
 import ssl
 import stat
 import sys
@@ -21,6 +23,7 @@ import pytest
 from botocore.parsers import ResponseParserError
 from distributed.security import Security
 
+from ddpflow.integrations.prefect import db_template as prefect_db_template
 from infra import services, stack
 from infra.certs import make_certs, security_from_env
 from infra.procs import ServiceError, pid_alive, process_start, spawn, wait_http
@@ -160,6 +163,22 @@ def _tls_handshake_refused(port: int, ca: Path) -> bool:
             return tls.recv(1) == b""  # TLS 1.3: the refusal arrives with the first read
     except (ssl.SSLError, OSError):
         return True
+
+
+# docs/s3-and-servers.md: the stack's Prefect server starts on a copy of the migrated
+# database `make venv` built, as a flow's embedded API does. The copy keeps the template's
+# block types, ids and all; a server that migrated a new database would have made its own.
+def test_the_prefect_server_started_on_the_installed_database_template(stack_state: StackState):
+    template = prefect_db_template.template_path()
+    assert template is not None and template.is_file(), f"make venv builds {template}"
+
+    def block_type_ids(database: Path) -> set[str]:
+        with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            return {row[0] for row in db.execute("SELECT id FROM block_type")}
+
+    made = block_type_ids(template)
+    assert made, "the template holds Prefect's block types"
+    assert made <= block_type_ids(stack_state.dir / "prefect" / "prefect.db")
 
 
 @pytest.mark.timeout(120)
