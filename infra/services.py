@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ddpflow.integrations.prefect import db_template as prefect_db_template
+from ddpflow.tracking.store import template as mlflow_store_template
 from infra.dask_service import dask_workers_seen, start_dask
 from infra.procs import (
     Service,
@@ -122,6 +123,13 @@ def start_mlflow(
     # Job execution starts a huey consumer and extra workers: 24 s and 2.2 GB instead of 10 s.
     quick = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     full_env = base_env({**env, **quick, **(auth_env or {})})
+    if backend_store_uri.startswith("sqlite:///"):
+        # A new store starts as a copy of the migrated schema `make venv` built, as a flow's
+        # own store does: about 1 CPU-second less than migrating (2026-12-07). An existing
+        # store is never replaced.
+        template = mlflow_store_template.TEMPLATE_VARIABLE  # base_env drops it with DDPFLOW_*
+        database = Path(backend_store_uri.removeprefix("sqlite:///"))
+        mlflow_store_template.seed(database, {template: os.environ.get(template, "")})
     service = spawn("mlflow", argv, full_env, log_dir, cwd=log_dir)
     service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/health", "port": port}

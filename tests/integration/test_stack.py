@@ -165,10 +165,13 @@ def _tls_handshake_refused(port: int, ca: Path) -> bool:
         return True
 
 
-# docs/s3-and-servers.md: the stack's Prefect server starts on a copy of the migrated
-# database `make venv` built, as a flow's embedded API does. The copy keeps the template's
-# block types, ids and all; a server that migrated a new database would have made its own.
-def test_the_prefect_server_started_on_the_installed_database_template(stack_state: StackState):
+# docs/s3-and-servers.md: the stack's Prefect and MLflow servers start on copies of the
+# migrated databases `make venv` built, as a flow's embedded API and store do. Prefect's copy
+# keeps the template's block types, ids and all (a server that migrated a new database makes
+# its own); MLflow logs that it creates its tables only where it migrates.
+def test_the_servers_started_on_the_installed_database_templates(stack_state: StackState):
+    mlflow_log = stack_state.service("mlflow").log_path.read_text()
+    assert "Creating initial MLflow database tables" not in mlflow_log, mlflow_log[-3000:]
     template = prefect_db_template.template_path()
     assert template is not None and template.is_file(), f"make venv builds {template}"
 

@@ -25,8 +25,6 @@ from collections.abc import Mapping
 from contextlib import closing
 from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-
 from ddpflow.sqlite_template import copy_into_place, installed_path, vacuum_into
 
 TEMPLATE_VARIABLE = "DDPFLOW_MLFLOW_DB_TEMPLATE"  # another template file, for tests and images
@@ -64,6 +62,10 @@ def build(target: Path | None = None) -> Path:
 def create_schema(tracking_uri: str) -> None:
     """Open the store as MLflow does on first use, which creates what is missing of its
     tracking and registry schema (and the Default experiment)."""
+    # Imported here: `seed` is all a server's start needs (infra.services), without MLflow's
+    # second of imports.
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
     client.search_experiments(max_results=1)  # the tracking schema
     client.search_registered_models(max_results=1)  # the registry schema
