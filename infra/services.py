@@ -126,10 +126,9 @@ def start_mlflow(
     if backend_store_uri.startswith("sqlite:///"):
         # A new store starts as a copy of the migrated schema `make venv` built, as a flow's
         # own store does: about 1 CPU-second less than migrating (2026-12-07). An existing
-        # store is never replaced.
-        template = mlflow_store_template.TEMPLATE_VARIABLE  # base_env drops it with DDPFLOW_*
-        database = Path(backend_store_uri.removeprefix("sqlite:///"))
-        mlflow_store_template.seed(database, {template: os.environ.get(template, "")})
+        # store is never replaced. (seed reads its template variable from this process's
+        # environment, which base_env's copy for the server lacks.)
+        mlflow_store_template.seed(Path(backend_store_uri.removeprefix("sqlite:///")))
     service = spawn("mlflow", argv, full_env, log_dir, cwd=log_dir)
     service.url = f"http://{host}:{port}"
     service.extra = {"health_url": f"{service.url}/health", "port": port}

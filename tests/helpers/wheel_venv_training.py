@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 import ddpflow
+from ddpflow.cluster.build import LOOPBACK_DASHBOARD
 
 NUM_SAMPLES, NUM_FEATURES = 512, 4
 EPOCHS = 3
@@ -125,7 +126,7 @@ def main(folder: Path) -> None:
             host="127.0.0.1",
             # Not None: that still serves HTTP, on 8787 when it is free, where the compose
             # stack's dashboard (tests/compose_stack), running beside this test, publishes.
-            dashboard_address="127.0.0.1:0",
+            dashboard_address=LOOPBACK_DASHBOARD,
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
