@@ -276,25 +276,34 @@ def test_a_trial_of_two_ranks_is_pruned_on_both(flow_services, monkeypatch, tmp_
 RESUME_SPACE = {"lr": {"low": 0.001, "high": 0.03, "log": True}}
 
 
-def _first_complete_trial(project: Path, timeout_s: float) -> None:
-    """Wait until the flow in `project` has told its study that a trial completed."""
+def _one_trial_complete_and_one_training(project: Path, timeout_s: float) -> None:
+    """Wait until the flow in `project` has told its study that a trial completed and another
+    trial's child run has begun (running, no outcome yet): a kill then interrupts a trial that
+    trained. Waiting for the first completion alone raced: on a fast machine both parallel
+    trials completed within one poll and the kill caught only a trial asked, not yet started."""
     client = MlflowClient(f"sqlite:///{project / 'mlflow.db'}")
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # the store is being created or migrated
             experiment = client.get_experiment_by_name(EXPERIMENT)
-            where = "tags.`ddpflow.trial_state` = 'COMPLETE'"
-            if experiment and client.search_runs([experiment.experiment_id], where):
+            runs = client.search_runs([experiment.experiment_id]) if experiment else []
+            trials = [r for r in runs if "ddpflow.optuna_trial" in r.data.tags]
+            outcomes = {r.data.tags.get("ddpflow.trial_state") for r in trials}
+            training = [r for r in trials if r.info.status == "RUNNING"]
+            if "COMPLETE" in outcomes and any(
+                "ddpflow.trial_state" not in r.data.tags for r in training
+            ):
                 return
-        time.sleep(0.5)
-    raise AssertionError(f"no trial completed within {timeout_s} s")
+        time.sleep(0.2)
+    raise AssertionError(f"no trial completed with another training within {timeout_s} s")
 
 
 def test_a_killed_search_resumes_with_the_same_study(
     flow_services, shared_prefect_server, monkeypatch, tmp_path
 ) -> None:
-    """SIGKILL the flow's process once a trial completed, rerun with the same study name:
-    the finished trials are kept, the interrupted ones asked again, the budget goes on."""
+    """SIGKILL the flow's process once a trial completed and another trains, rerun with the
+    same study name: the finished trials are kept, the interrupted ones asked again, the
+    budget goes on."""
     project, name, n_trials = tmp_path / "project", "pets-resume", 4
     options = {
         "search": RESUME_SPACE,
@@ -322,7 +331,7 @@ def test_a_killed_search_resumes_with_the_same_study(
     with open(tmp_path / "first.log", "w") as log:
         first = subprocess.Popen(argv, cwd=project, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            _first_complete_trial(project, timeout_s=240)
+            _one_trial_complete_and_one_training(project, timeout_s=240)
         finally:
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=30)
