@@ -67,11 +67,18 @@ def listening(pids: set[int]) -> list[tuple[int, str, int]]:
     ]
 
 
-def port_listened(port: int) -> bool:
-    return any(
-        conn.status == psutil.CONN_LISTEN and conn.laddr.port == port
-        for conn in psutil.net_connections(kind="tcp")
-    )
+def held_by_older_processes(ports: set[int], older: dict[int, float]) -> list[tuple[int, int]]:
+    """(port, pid) of each of `ports` listened on by one of the `older` processes (pid: start
+    time, taken before the stack stopped). A process started since then is not the stack's:
+    the other test processes start services on free ports from the same range, and one took
+    a port the stop had just freed (31873, in a full run)."""
+    held = []
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status != psutil.CONN_LISTEN or conn.laddr.port not in ports or not conn.pid:
+            continue
+        if conn.pid in older and pid_alive(conn.pid, older[conn.pid]):
+            held.append((conn.laddr.port, conn.pid))
+    return held
 
 
 @pytest.fixture(scope="module")
@@ -385,10 +392,14 @@ def test_stop_leaves_no_process_or_port_behind(stack_state: StackState):
     assert sockets and all(ip == "127.0.0.1" for _, ip, _ in sockets), sockets
     ports = {port for _, _, port in sockets} | set(stack_state.ports.values())
 
+    older = {}  # every process now, to tell the stack's from those other tests start later
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):  # ended since it was listed
+            older[process.pid] = process_start(process)
     assert stack.stop_stack(stack_state.dir) is True
 
     assert [pid for pid, created in procs.items() if pid_alive(pid, created)] == []
-    assert [port for port in ports if port_listened(port)] == []
+    assert held_by_older_processes(ports, older) == []
     assert not stack_state.state_path.exists()
     assert not stack_state.secrets_dir.exists(), "credentials of a stopped stack are removed"
     assert stack.stop_stack(stack_state.dir) is False
