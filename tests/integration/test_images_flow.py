@@ -149,6 +149,7 @@ def test_per_step_metrics_and_lr_scaled_by_world_size(trained):
     )
     resolved = json.loads(trained["run"].data.tags["ddpflow.speed"])
     assert (resolved["precision"], resolved["channels_last"]) == ("fp32", False)
+    assert resolved["fused_optimizer"] is True  # Adam as one kernel per step on the CPU ranks
 
 
 def test_confusion_matrix_sums_to_the_validation_set_size(trained, s3_endpoint):

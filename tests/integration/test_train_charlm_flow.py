@@ -175,6 +175,7 @@ def test_exactly_one_mlflow_run_with_params_and_flow_run_tag(trained):
         "pin_memory": False,
         "tf32": False,
         "compile": False,
+        "fused_optimizer": True,
     }
     assert "pin_memory: no CUDA device, so nothing is pinned" in trained["stdout"]
     assert run.data.tags["prefect.flow_run_id"]

@@ -45,6 +45,10 @@ def test_the_image_optimizer_is_the_one_asked_for(kind, cls):
     assert type(optimizer) is cls and optimizer.param_groups[0]["lr"] == 0.5
     if kind == "sgd":
         assert optimizer.param_groups[0]["momentum"] == 0.9
+    # Fused where the rank's device has the kernels (TrainSpeed.fused_optimizer); not fused
+    # leaves torch its own choice (None), not an explicit False.
+    assert make_optimizer(kind, params, lr=0.5, fused=True).param_groups[0]["fused"] is True
+    assert optimizer.param_groups[0]["fused"] is None
 
 
 def test_an_unknown_optimizer_is_named():

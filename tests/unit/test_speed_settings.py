@@ -34,6 +34,7 @@ def test_auto_on_cpu_changes_nothing() -> None:
         "pin_memory": False,
         "tf32": False,
         "compile": False,
+        "fused_optimizer": True,
     }
     assert not speed.scaler.is_enabled() and speed.notes == ()
 
@@ -197,3 +198,10 @@ def test_a_batch_already_off_the_cpu_is_not_pinned() -> None:
     assert moved.device.type == "meta"
     with pytest.raises(RuntimeError):
         speed.to_device(torch.empty((2, 3, 4, 4), dtype=torch.uint8))  # a host batch: pinned
+
+
+def test_the_workloads_optimizer_is_fused_where_torch_has_the_kernels() -> None:
+    settings = SpeedSettings("auto", "auto", "auto")
+    assert resolve_speed(settings, CPU).fused_optimizer is True
+    assert resolve_speed(settings, FAKE_GPU, AMPERE).fused_optimizer is True
+    assert resolve_speed(settings, torch.device("mps")).fused_optimizer is False

@@ -35,6 +35,12 @@ if TYPE_CHECKING:  # annotations only: the loop and checkpoint modules import th
 
 M = TypeVar("M", bound=nn.Module)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# Devices where the built-in workloads' Adam and SGD run fused: one kernel updates every
+# parameter, instead of a few per tensor. On CPU a ResNet-18 Adam step took 0.0135 CPU-s
+# fused against 0.087 (0.082 foreach), 40 % of the image training's time before; torch
+# leaves fused off by default. The same update, to rounding: a fused run's checkpoint
+# resumes in a fused run exactly (the optimizer state has the same tensors).
+FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")
 
 
 @dataclass
@@ -54,9 +60,14 @@ class TrainSpeed:
         # Disabled, scale() returns the loss and step() calls optimizer.step(): plain fp32.
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
 
+    @property
+    def fused_optimizer(self) -> bool:
+        """Whether the workloads build their optimizer fused (FUSED_OPTIMIZER_DEVICES)."""
+        return self.device.type in FUSED_OPTIMIZER_DEVICES
+
     def describe(self) -> dict[str, Any]:
         """The resolved values, for the run's log line."""
-        keys = ("precision", "channels_last", "pin_memory", "tf32", "compile")
+        keys = ("precision", "channels_last", "pin_memory", "tf32", "compile", "fused_optimizer")
         return {k: getattr(self, k) for k in keys}
 
     def apply_to_model(self, model: M) -> M:

@@ -42,7 +42,7 @@ def train_rank(
     model = speed.apply_to_model(CharLSTM(job.model).to(ctx.device))
     probe = torch.zeros(2, CONTEXT_LEN, dtype=torch.uint8)
     speed.check_runs(model, probe, probe)  # before any checkpoint is read or written
-    optimizer = torch.optim.Adam(model.parameters(), lr=job.lr)
+    optimizer = torch.optim.Adam(model.parameters(), lr=job.lr, fused=speed.fused_optimizer or None)
     ddp_model = ctx.wrap(model)
     speed.compile_model(ddp_model)
     announce(speed, ctx)
