@@ -6,12 +6,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 ARGS ?=
-# Test processes (pytest-xdist): three on the 2 cores, so that while one waits out an outage
-# or a server start the cores still have work (with two, 18 % of the run was idle; with
-# three, 2 %); their training is CPU-bound, so they cannot divide the time by three.
-# Each integration module is one unit of work (tests/conftest.py, docs/testing.md).
-# TEST_PROCS=0 runs everything in one process.
-TEST_PROCS ?= 3
+# Test processes (pytest-xdist): two on the 2 cores. Three kept the cores busier while one
+# waited out an outage or a server start (82 % busy against 61 %), but cost more CPU for
+# the same tests: 1,632 CPU-seconds in 16 min 37 s against 1,518 in 20 min 51 s (same code,
+# machine and hour, docs/testing.md), each process collecting the suite and starting its own
+# forkserver, and the three contending for two cores. Each integration module is one unit of
+# work (tests/conftest.py). TEST_PROCS=0 runs everything in one process.
+TEST_PROCS ?= 2
 
 .PHONY: venv demo test test-unit lint mlflow-ui clean
 

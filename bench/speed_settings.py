@@ -4,13 +4,14 @@
 
 The same small training through `fit_loop` (ddpflow.training.loop) itself (one process,
 one thread, no process group, a null logger, no checkpoint, validation replaced by a
-constant) with each setting of `ddpflow.training.speed.device`: the ResNet-18 image workload
-(uint8 images, random labels) and the pet-name LSTM (4x128, batch 512). Each round trains
-one short epoch per setting, in turn; round 0 is warm-up and dropped. The figure is the
-median over rounds of the paired ratio setting/fp32 of fit's own samples/s, so load that
-changes during the run hits both sides of each ratio. A setting the machine cannot run
-(pinning without CUDA, a precision its kernels lack) is recorded with the reason instead of
-a figure.
+constant) with each setting of `ddpflow.training.speed.device`, and fp32 with torch's
+default Adam instead of the fused one the workloads build (`fp32+unfused_adam`): the
+ResNet-18 image workload (uint8 images, random labels) and the pet-name LSTM (4x128, batch
+512). Each round trains one short epoch per setting, in turn; round 0 is warm-up and
+dropped. The figure is the median over rounds of the paired ratio setting/fp32 of fit's
+own samples/s, so load that changes during the run hits both sides of each ratio. A
+setting the machine cannot run (pinning without CUDA, a precision its kernels lack) is
+recorded with the reason instead of a figure.
 
 Writes the `speed_settings` entry of bench/results/latest.json (merged: the file's other
 entries are kept), keyed by "<workload>/<setting>".
@@ -41,6 +42,9 @@ from ddpflow.workloads.vision.model import build_resnet
 
 RESULTS = Path(__file__).resolve().parent / "results" / "latest.json"
 CPU = RankContext(rank=0, world_size=1, device=torch.device("cpu"), backend="none")
+# fp32 with torch's default Adam instead of the fused one the workloads build
+# (TrainSpeed.fused_optimizer): what fusing the optimizer's step is worth.
+UNFUSED = "fp32+unfused_adam"
 
 
 def _settings(compile_too: bool) -> dict[str, dict[str, SpeedSettings]]:
@@ -50,8 +54,13 @@ def _settings(compile_too: bool) -> dict[str, dict[str, SpeedSettings]]:
         "bf16": SpeedSettings("bf16"),
         "bf16+channels_last": SpeedSettings("bf16", channels_last=True),
         "pin_memory": SpeedSettings("fp32", pin_memory=True),
+        UNFUSED: SpeedSettings("fp32"),
     }
-    charlm = {"fp32": SpeedSettings("fp32"), "bf16": SpeedSettings("bf16")}
+    charlm = {
+        "fp32": SpeedSettings("fp32"),
+        "bf16": SpeedSettings("bf16"),
+        UNFUSED: SpeedSettings("fp32"),
+    }
     if compile_too:
         images["compile"] = SpeedSettings("fp32", compile=True)
         charlm["compile"] = SpeedSettings("fp32", compile=True)
@@ -78,7 +87,9 @@ def _workload(name: str, quick: bool) -> tuple[Callable[[], nn.Module], Any, Any
     return lambda: CharLSTM(CharLSTMConfig()), windows, split_xy, batch, split_xy(windows[:2])
 
 
-def _prepare(settings: SpeedSettings, factory, probe, images: bool) -> tuple[Any, Any] | str:
+def _prepare(
+    name: str, settings: SpeedSettings, factory, probe, images: bool
+) -> tuple[Any, Any] | str:
     """(model, optimizer, speed), or why this setting cannot run here."""
     try:
         speed = resolve_speed(settings, CPU.device, images=images)
@@ -90,7 +101,8 @@ def _prepare(settings: SpeedSettings, factory, probe, images: bool) -> tuple[Any
     if speed.notes:
         return "; ".join(speed.notes)
     speed.compile_model(model)
-    return model, torch.optim.Adam(model.parameters(), lr=1e-3), speed
+    fused = speed.fused_optimizer and name != UNFUSED
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3, fused=fused or None), speed
 
 
 def _epoch_rate(prepared, data, to_batch, batch: int) -> float:
@@ -115,7 +127,7 @@ def run(quick: bool, compile_too: bool = False) -> dict[str, Any]:
     for workload, settings in _settings(compile_too).items():
         factory, data, to_batch, batch, probe = _workload(workload, quick)
         images = workload == "images"
-        prepared = {name: _prepare(s, factory, probe, images) for name, s in settings.items()}
+        prepared = {n: _prepare(n, s, factory, probe, images) for n, s in settings.items()}
         rates: dict[str, list[float]] = {
             n: [] for n, p in prepared.items() if not isinstance(p, str)
         }

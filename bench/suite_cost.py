@@ -11,7 +11,7 @@ then trains a small LSTM for REFERENCE_STEPS steps on one thread: the suite's mi
 and training, in small), and the suite's CPU seconds are also given as a multiple of the
 reference's. That multiple moves with the code much more than with the machine.
 
-Without --per-module, pytest runs as `make test` runs it (TEST_PROCS processes, default 3,
+Without --per-module, pytest runs as `make test` runs it (TEST_PROCS processes, default 2,
 `-m "not gpu"`, the group scheduler of tests/conftest.py) unless PYTEST ARGS are given, with
 the bench.suite_timeline plugin, while /proc is sampled every SAMPLE_EVERY_S: the machine's
 busy share, and the CPU seconds of each kind of process (forked Dask workers, forkservers,
@@ -69,7 +69,7 @@ for _ in range({REFERENCE_STEPS}):
 
 def make_test_args() -> list[str]:
     """pytest's arguments in `make test` (Makefile), with its TEST_PROCS default."""
-    processes = os.environ.get("TEST_PROCS", "3")
+    processes = os.environ.get("TEST_PROCS", "2")
     return ["-m", "not gpu", "-n", processes, "--dist", "loadscope", "--no-loadscope-reorder"]
 
 
