@@ -37,8 +37,9 @@ def flow_process() -> None:
     """This process runs flows in its own process (run_in_process), as a flow's command
     does: so its clusters' workers are prepared as a flow prepares its own (Prefect in their
     forkserver, its settings read anew in each worker: flow_workers), before its first
-    cluster starts the process's one forkserver. That forkserver also imports what the
-    flows' workers import on their first task and first registration (worker_warmup)."""
+    cluster starts the process's one forkserver. That forkserver also imports the library
+    modules the flows' workers import on their first task and first registration
+    (worker_warmup)."""
     prepare_flow_workers()
     preload_also(["tests.helpers.worker_warmup"])
 
